@@ -1,0 +1,1 @@
+"""Slurm job rendering and submission from experiment manifests (issue 6; not built yet)."""

@@ -1,0 +1,71 @@
+"""Causal self-attention with a swappable core attention call.
+
+`CoreAttention` is the single function boundary between the model and the attention
+kernel: it takes q, k, v as (batch, heads, seq, head_dim) and returns the same layout.
+Keeping it one module lets DeepSpeed-Ulysses `DistributedAttention` wrap it unchanged
+(scatter heads = dim 1, gather seq = dim 2).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import ModelConfig
+from model.layers import RMSNorm, RotaryEmbedding
+
+
+class CoreAttention(nn.Module):
+    """softmax(q k^T / sqrt(d)) v with a causal mask, by full-precision SDPA or SageBwd."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.backend = config.attention
+        self.smooth_k = config.smooth_k
+        self.smooth_q = config.smooth_q
+        self.block_q = config.block_q
+        self.block_kv = config.block_kv
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.backend == "fpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # Imported lazily so FPA models build even where the kernel package is unavailable.
+        import sagebwd
+
+        return sagebwd.attention(q, k, v, causal=True, smooth_k=self.smooth_k,
+                                 smooth_q=self.smooth_q, block_q=self.block_q,
+                                 block_kv=self.block_kv)
+
+    def extra_repr(self) -> str:
+        if self.backend == "fpa":
+            return "backend=fpa"
+        return (f"backend=sagebwd, smooth_q={self.smooth_q}, smooth_k={self.smooth_k}, "
+                f"block_q={self.block_q}, block_kv={self.block_kv}")
+
+
+class CausalSelfAttention(nn.Module):
+    """Projections, optional QK-norm, RoPE, core attention, output projection."""
+
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.out = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        # QK-norm bounds the logit scale (and the INT8 range); one learned scale per head
+        # channel, shared across heads. Applied before RoPE so rotation keeps the norm.
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
+        self.rope = rope
+        self.core = CoreAttention(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+        # (batch, seq, 3, heads, head_dim) -> three tensors of (batch, heads, seq, head_dim)
+        q, k, v = (self.qkv(x).view(batch, seq, 3, self.num_heads, self.head_dim)
+                   .permute(2, 0, 3, 1, 4).unbind(0))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(q), self.rope(k)
+        y = self.core(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(batch, seq, hidden))

@@ -1,0 +1,109 @@
+"""Typed model configuration and named presets.
+
+Every architectural switch the paper ablates lives here (attention backend, QK-norm,
+Q/K smoothing), so one config fully determines the network that gets built.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+# GPT-2 BPE has 50257 tokens; 50304 = next multiple of 64, which keeps the embedding and
+# LM-head matmuls on tensor-core friendly shapes (as in nanoGPT). The extra rows are never
+# targets, so they only cost 47 * hidden parameters.
+GPT2_VOCAB_SIZE = 50257
+SAGEBWD_HEAD_DIMS = (64, 128)
+
+AttentionBackend = Literal["fpa", "sagebwd"]
+Smoothing = Literal["none", "k", "qk"]
+
+
+class ModelConfig(BaseModel):
+    """Llama-style decoder: RoPE, RMSNorm, SwiGLU, no biases."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vocab_size: int = GPT2_VOCAB_SIZE
+    pad_vocab_to_multiple_of: int = 64
+    seq_len: int = 4096
+    hidden_size: int = 1024
+    num_layers: int = 24
+    num_heads: int = 16
+    ffn_hidden_size: int = 3072
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+
+    attention: AttentionBackend = "fpa"
+    qk_norm: bool = False
+    smoothing: Smoothing = "none"
+    # SageBwd quantises per tile; the sequence must split evenly into these tiles.
+    block_q: int = 128
+    block_kv: int = 64
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.pad_vocab_to_multiple_of
+        return -(-self.vocab_size // m) * m
+
+    @property
+    def smooth_k(self) -> bool:
+        return self.smoothing in ("k", "qk")
+
+    @property
+    def smooth_q(self) -> bool:
+        return self.smoothing == "qk"
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "ModelConfig":
+        positive = ("vocab_size", "pad_vocab_to_multiple_of", "seq_len", "hidden_size",
+                    "num_layers", "num_heads", "ffn_hidden_size", "block_q", "block_kv")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads "
+                f"({self.num_heads}); pick num_heads so that hidden_size / num_heads is the head dim")
+        if self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head dim, got {self.head_dim}")
+        if self.attention == "fpa" and self.smoothing != "none":
+            raise ValueError(
+                f"model.smoothing={self.smoothing!r} only applies to attention='sagebwd' "
+                "(it preconditions INT8 quantisation); set model.smoothing=none for fpa")
+        if self.attention == "sagebwd":
+            if self.head_dim not in SAGEBWD_HEAD_DIMS:
+                raise ValueError(
+                    f"attention='sagebwd' supports head dim {SAGEBWD_HEAD_DIMS}, got "
+                    f"{self.head_dim} (hidden_size {self.hidden_size} / num_heads {self.num_heads})")
+            for block in ("block_q", "block_kv"):
+                if self.seq_len % getattr(self, block):
+                    raise ValueError(
+                        f"model.seq_len ({self.seq_len}) must be a multiple of model.{block} "
+                        f"({getattr(self, block)}) for attention='sagebwd'; change seq_len or "
+                        f"set a smaller {block}")
+        return self
+
+
+PRESETS: dict[str, dict] = {
+    # The paper's model: 24 x 1024, 16 heads of 64, SwiGLU 3072, GPT-2 vocab, context 4096.
+    "llama-325m": dict(seq_len=4096, hidden_size=1024, num_layers=24, num_heads=16,
+                       ffn_hidden_size=3072),
+    # CPU-sized models for tests and the demo; same code path, tiny shapes.
+    "tiny": dict(seq_len=256, hidden_size=128, num_layers=2, num_heads=2, ffn_hidden_size=384),
+    "micro": dict(seq_len=64, hidden_size=128, num_layers=1, num_heads=2, ffn_hidden_size=256,
+                  block_q=32, block_kv=32),
+}
+
+
+def model_config_from_preset(name: str, **overrides) -> ModelConfig:
+    """Preset shapes plus explicit overrides (overrides win)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    return ModelConfig(**{**PRESETS[name], **overrides})

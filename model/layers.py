@@ -1,0 +1,59 @@
+"""Building blocks of the Llama decoder: RMSNorm, rotary embeddings, SwiGLU."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned per-channel scale (no bias, no centring)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 so bf16 activations do not lose the small-variance channels.
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoFormer/Llama), applied to (batch, heads, seq, head_dim).
+
+    Channels are paired as (i, i + head_dim/2), the Llama/HF "rotate half" convention.
+    """
+
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+        # Buffers are not persistent: they are a pure function of the config, so checkpoints
+        # stay valid if the cache length changes.
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        seq = x.shape[-2]
+        if positions is None:
+            cos, sin = self.cos[:seq], self.sin[:seq]
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        return rotated.type_as(x)
+
+
+class SwiGLU(nn.Module):
+    """Gated feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int):
+        super().__init__()
+        self.gate = nn.Linear(hidden_size, ffn_hidden_size, bias=False)
+        self.up = nn.Linear(hidden_size, ffn_hidden_size, bias=False)
+        self.down = nn.Linear(ffn_hidden_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))

@@ -1,0 +1,62 @@
+"""Symmetric INT8 quantisers shared by the simulation, the tracer and the kernel tests.
+
+One rule everywhere (the paper's psi): per block, ``scale = amax / 127`` and
+``q = round(x * (127 / amax))`` with round-half-to-even, clamped to [-127, 127].
+Both divisions are single IEEE-rounded fp32 divisions, so a kernel that uses
+``div_rn`` reproduces the same integers. An all-zero block gets scale 0 and q 0.
+
+The integers are held in floating point: products of two |q| <= 127 summed over
+fewer than 1040 terms stay below 2**24, so float32 matmuls over them are exact.
+
+``enabled=False`` returns the input unchanged with unit scales: the same dataflow
+in full precision, which lets the tests check the formulas against autograd.
+"""
+from __future__ import annotations
+
+import torch
+
+QMAX = 127.0
+
+
+def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):
+    if not enabled:
+        return x, torch.ones_like(x.amax(dim=reduce_dims, keepdim=True))
+    amax = x.abs().amax(dim=reduce_dims, keepdim=True)
+    nonzero = amax > 0
+    scale = amax / QMAX
+    inv = torch.where(nonzero, QMAX / torch.where(nonzero, amax, torch.ones_like(amax)), torch.zeros_like(amax))
+    q = torch.round(x * inv).clamp_(-QMAX, QMAX)
+    return q, scale
+
+
+def quantize_row_blocks(x: torch.Tensor, block: int, enabled: bool = True):
+    """Per-block INT8 of ``x`` (..., N, D) over blocks of ``block`` rows.
+
+    Returns q (..., N, D) and scale (..., N // block).
+    """
+    *lead, n, d = x.shape
+    xb = x.reshape(*lead, n // block, block, d)
+    q, scale = _quantize(xb, (-2, -1), enabled)
+    return q.reshape(*lead, n, d), scale.reshape(*lead, n // block)
+
+
+def quantize_tiles(x: torch.Tensor, block_rows: int, block_cols: int, enabled: bool = True):
+    """Per-tile INT8 of a score-shaped ``x`` (..., N, M) over block_rows x block_cols tiles.
+
+    Returns q viewed as (..., N // block_rows, block_rows, M // block_cols, block_cols)
+    and scale (..., N // block_rows, M // block_cols).
+    """
+    *lead, n, m = x.shape
+    xt = x.reshape(*lead, n // block_rows, block_rows, m // block_cols, block_cols)
+    q, scale = _quantize(xt, (-3, -1), enabled)
+    return q, scale.squeeze(-1).squeeze(-2)
+
+
+def dequantize_row_blocks(q: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
+    return q * scale.repeat_interleave(block, dim=-1).unsqueeze(-1)
+
+
+def dequantize_tiles(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`quantize_tiles`: returns the (..., N, M) dequantised matrix."""
+    *lead, tm, bq, tn, bk = q.shape
+    return (q * scale[..., :, None, :, None]).reshape(*lead, tm * bq, tn * bk)

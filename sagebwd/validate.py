@@ -1,0 +1,63 @@
+"""Input checks for :func:`sagebwd.attention`, in one place, with messages that say how to fix."""
+from __future__ import annotations
+
+import torch
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+BACKENDS = ("auto", "simulate", "triton")
+SIMULATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+TRITON_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class SageBwdInputError(ValueError):
+    """Raised for inputs SageBwd cannot take; the message says what to change."""
+
+
+def check_blocks(block_q: int, block_kv: int) -> None:
+    for name, b in (("block_q", block_q), ("block_kv", block_kv)):
+        if not isinstance(b, int) or b < 16 or b & (b - 1):
+            raise SageBwdInputError(f"{name}={b!r} must be a power of two >= 16 (defaults: block_q=128, block_kv=64)")
+
+
+def check_seq_len(seq_len: int, block_q: int, block_kv: int) -> None:
+    multiple = max(block_q, block_kv)
+    if seq_len % block_q or seq_len % block_kv:
+        padded = -(-seq_len // multiple) * multiple
+        raise SageBwdInputError(
+            f"sequence length {seq_len} is not a multiple of block_q={block_q} and block_kv={block_kv}: "
+            f"pad the sequence to a multiple of {multiple} (e.g. {padded}) or pass smaller blocks"
+        )
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str, block_q: int,
+                 block_kv: int, check_finite: bool) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise SageBwdInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise SageBwdInputError(
+                f"{name} has shape {tuple(t.shape)}; expected 4 dims (batch, heads, seq, head_dim)")
+    if not (q.shape == k.shape == v.shape):
+        raise SageBwdInputError(
+            f"q, k, v must have the same shape (batch, heads, seq, head_dim); got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)} (cross-attention and grouped KV heads are not supported: "
+            "repeat k/v heads first)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise SageBwdInputError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise SageBwdInputError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    allowed = TRITON_DTYPES if backend == "triton" else SIMULATE_DTYPES
+    if q.dtype not in allowed:
+        raise SageBwdInputError(f"dtype {q.dtype} is not supported by backend {backend!r}; use one of {allowed}")
+    head_dim = q.shape[-1]
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise SageBwdInputError(
+            f"head_dim {head_dim} is not supported; SageBwd supports head_dim in {SUPPORTED_HEAD_DIMS}")
+    check_blocks(block_q, block_kv)
+    check_seq_len(q.shape[-2], block_q, block_kv)
+    if check_finite:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not bool(torch.isfinite(t).all()):
+                raise SageBwdInputError(
+                    f"{name} contains NaN or Inf; INT8 scales would be undefined. Check the layer feeding "
+                    "attention (or pass check_finite=False to skip this check)")

@@ -1,0 +1,220 @@
+"""The SageBwd simulation: formulas, quantisation, smoothing, masking and input errors."""
+import math
+
+import pytest
+import torch
+
+import sagebwd
+from sagebwd.fpa import fpa_attention
+from sagebwd.quant import quantize_row_blocks, quantize_tiles, dequantize_row_blocks, dequantize_tiles
+from sagebwd.simulate import SageConfig, backward, forward
+
+SMALL = dict(block_q=32, block_kv=16)
+
+
+def rand(*shape, seed=0, dtype=torch.float64, scale=1.0, mean=0.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale + mean).to(dtype)
+
+
+def qkvdo(b=2, h=2, n=64, d=64, dtype=torch.float64, scale=1.0, q_mean=0.0, k_mean=0.0):
+    return (rand(b, h, n, d, seed=1, dtype=dtype, scale=scale, mean=q_mean),
+            rand(b, h, n, d, seed=2, dtype=dtype, scale=scale, mean=k_mean),
+            rand(b, h, n, d, seed=3, dtype=dtype), rand(b, h, n, d, seed=4, dtype=dtype))
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+# --- full-precision reference -------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fpa_intermediates_match_autograd_float64(causal):
+    q, k, v, do = qkvdo()
+    qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
+    mask = torch.ones(64, 64, dtype=torch.bool).tril() if causal else None
+    s = qa @ ka.transpose(-1, -2) / math.sqrt(64)
+    if causal:
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    o = p @ va
+    o.backward(do)
+    r = fpa_attention(q, k, v, do, causal=causal)
+    torch.testing.assert_close(r.o, o.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(r.p, p.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(r.dq, qa.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(r.dk, ka.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(r.dv, va.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(r.lse, torch.logsumexp(s, -1).detach(), rtol=1e-12, atol=1e-12)
+
+
+# --- the simulation's formulas, quantisation switched off ---------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("smooth_k,smooth_q", [(False, False), (True, False), (True, True), (False, True)])
+def test_backward_equals_autograd_of_forward_without_quantisation(causal, smooth_k, smooth_q):
+    # Nonzero means make the smoothing terms matter.
+    q, k, v, do = qkvdo(q_mean=0.7, k_mean=-0.5)
+    cfg = SageConfig(causal=causal, smooth_k=smooth_k, smooth_q=smooth_q, quantize=False, **SMALL)
+    qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
+    o_auto, _ = forward(qa, ka, va, cfg)
+    o_auto.backward(do)
+    o, saved = forward(q, k, v, cfg)
+    dq, dk, dv = backward(saved, do, cfg)
+    torch.testing.assert_close(o, o_auto.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(dq, qa.grad, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(dk, ka.grad, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(dv, va.grad, rtol=1e-9, atol=1e-11)
+    # and it is plain attention
+    ref = fpa_attention(q, k, v, do, causal=causal)
+    for got, want in ((o, ref.o), (dq, ref.dq), (dk, ref.dk), (dv, ref.dv)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_dq_unchanged_by_k_smoothing():
+    q, k, v, do = qkvdo(k_mean=3.0)
+    grads = {}
+    for smooth_k in (False, True):
+        cfg = SageConfig(smooth_k=smooth_k, quantize=False, **SMALL)
+        o, saved = forward(q, k, v, cfg)
+        grads[smooth_k] = backward(saved, do, cfg)[0]
+    # dS rows sum to zero, so dS (1 mean(K)^T) vanishes: dQ = dS K = dS K_sm.
+    torch.testing.assert_close(grads[True], grads[False], rtol=1e-9, atol=1e-11)
+    assert grads[True].abs().max() > 1e-3  # not trivially zero
+
+
+def test_q_smoothing_needs_its_dk_bias_branch():
+    q, k, v, do = qkvdo(q_mean=2.0)
+    cfg = SageConfig(smooth_q=True, quantize=False, **SMALL)
+    o, saved = forward(q, k, v, cfg)
+    _, dk, _ = backward(saved, do, cfg)
+    ref = fpa_attention(q, k, v, do)
+    torch.testing.assert_close(dk, ref.dk, rtol=1e-9, atol=1e-11)
+    # Without the branch (the centred term alone) dK would be wrong by (dS^T 1) mu_Q^T.
+    no_bias = saved._replace(mu_q=torch.zeros_like(saved.mu_q))
+    _, dk_center, _ = backward(no_bias, do, cfg)
+    assert rel(dk_center, ref.dk) > 0.1
+
+
+def test_q_smoothing_with_quantisation_tracks_fpa():
+    q, k, v, do = qkvdo(n=128, dtype=torch.float32, q_mean=2.0)
+    for smooth_q in (False, True):
+        cfg = SageConfig(smooth_q=smooth_q, **SMALL)
+        o, saved = forward(q, k, v, cfg)
+        dq, dk, dv = backward(saved, do, cfg)
+        ref = fpa_attention(q, k, v, do)
+        assert rel(o, ref.o) < 0.05 and rel(dk, ref.dk) < 0.15 and rel(dq, ref.dq) < 0.15
+
+
+# --- quantisers --------------------------------------------------------------------------------
+
+def test_row_block_quantiser_properties():
+    x = rand(2, 3, 64, 64, dtype=torch.float32, scale=5.0)
+    x[0, 0, :16] = 0.0    # an all-zero block
+    q, s = quantize_row_blocks(x, 16)
+    assert s.shape == (2, 3, 4)
+    assert torch.equal(q, q.round()) and q.abs().max() <= 127
+    blocks = q.reshape(2, 3, 4, 16 * 64).abs().amax(-1)
+    assert torch.all((blocks == 127) | (s == 0))          # every nonzero block reaches 127
+    assert s[0, 0, 0] == 0 and torch.all(q[0, 0, :16] == 0)
+    err = (dequantize_row_blocks(q, s, 16) - x).abs()
+    assert torch.all(err <= s.repeat_interleave(16, -1).unsqueeze(-1) / 2 * (1 + 1e-5))
+
+
+def test_quantiser_rounds_half_to_even_and_tiles():
+    x = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 3.0, 0.0]]).repeat(16, 2)
+    q, s = quantize_tiles(x, 16, 16)
+    assert s.shape == (1, 1) and s.item() == 1.0
+    assert q.reshape(16, 16)[0, :8].tolist() == [127, 0, 2, 2, -0, -2, 3, 0]
+    torch.testing.assert_close(dequantize_tiles(q, s), x.round())
+
+
+def test_integer_matmul_is_exact_in_float32():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (256, 128), generator=g)
+    b = torch.randint(-127, 128, (256, 128), generator=g)
+    a[0], b[0] = 127, 127   # worst case 127*127*128 = 2,064,512 < 2**24
+    exact = a @ b.T
+    assert torch.equal((a.float() @ b.float().T).long(), exact)
+
+
+# --- the simulated INT8 attention ---------------------------------------------------------------
+
+def test_forward_saves_integers_and_lse():
+    q, k, v, do = qkvdo(dtype=torch.float32)
+    o, saved = forward(q, k, v, SageConfig(**SMALL))
+    for t in (saved.q_hat, saved.k_hat):
+        assert torch.equal(t, t.round()) and t.abs().max() == 127
+    # K-smoothing shifts each row's logits by q.mean(K): the LSE is that of the smoothed K.
+    ref = fpa_attention(q, k - k.mean(-2, keepdim=True), v)
+    assert rel(saved.lse, ref.lse) < 1e-3
+    assert rel(o, ref.o) < 0.03
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_quantised_attention_is_close_to_fpa_and_autograd_wires_it(causal):
+    q, k, v, do = qkvdo(n=128, dtype=torch.bfloat16)
+    qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
+    o = sagebwd.attention(qa, ka, va, causal=causal, backend="simulate", **SMALL)
+    o.backward(do)
+    assert o.dtype == torch.bfloat16 and qa.grad.dtype == torch.bfloat16
+    ref = fpa_attention(q, k, v, do, causal=causal)
+    assert rel(o, ref.o) < 0.03
+    for g, r in ((qa.grad, ref.dq), (ka.grad, ref.dk), (va.grad, ref.dv)):
+        assert 0 < rel(g, r) < 0.1
+    cfg = SageConfig(causal=causal, **SMALL)
+    _, saved = forward(q, k, v, cfg)
+    direct = backward(saved, do, cfg)
+    for g, d in zip((qa.grad, ka.grad, va.grad), direct):
+        assert torch.equal(g, d)
+
+
+def test_causal_rows_ignore_future_keys_exactly():
+    q, k, v, do = qkvdo(n=64, dtype=torch.float32)
+    cfg = SageConfig(causal=True, smooth_k=False, **SMALL)   # K-smoothing's mean sees the whole sequence
+    o1, s1 = forward(q, k, v, cfg)
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 32:, :] = torch.randn_like(k2[..., 32:, :]) * 10
+    v2[..., 32:, :] = torch.randn_like(v2[..., 32:, :]) * 10
+    o2, _ = forward(q, k2, v2, cfg)
+    assert torch.equal(o1[..., :32, :], o2[..., :32, :])     # first q block sees kv blocks 0 and 1 only
+    assert not torch.equal(o1[..., 32:, :], o2[..., 32:, :])
+    _, inter = backward(s1, do, cfg, return_intermediates=True)
+    future = ~torch.ones(64, 64, dtype=torch.bool).tril()
+    assert torch.all(inter.p[..., future] == 0) and torch.all(inter.ds[..., future] == 0)
+
+
+def test_error_grows_with_sigma_at_small_seq():
+    from sagebwd.trace import sigma_sweep
+    rows = sigma_sweep([1, 3, 5, 8], seq=128, head_dim=64, heads=2, cfg=SageConfig(**SMALL))
+    for name in ("o", "dq", "dk", "dv"):
+        errs = [rows[s][name].rel_l2 for s in (1, 3, 5, 8)]
+        assert errs == sorted(errs), (name, errs)
+    assert rows[8]["dq"].rel_l2 > 3 * rows[1]["dq"].rel_l2
+    assert rows[1]["dp"].rel_l2 == 0.0                    # dP is unquantised and dO shared: the control
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+def _bad(match, *args, **kw):
+    with pytest.raises(sagebwd.SageBwdInputError, match=match):
+        sagebwd.attention(*args, backend=kw.pop("backend", "simulate"), **kw)
+
+
+def test_bad_inputs_are_rejected_with_a_fix():
+    x = torch.randn(1, 2, 128, 64)
+    _bad("not a multiple of block_q=128 and block_kv=64.*384", *(torch.randn(1, 2, 300, 64),) * 3)
+    _bad("head_dim 96 is not supported", *(torch.randn(1, 2, 128, 96),) * 3)
+    _bad("same shape", x, x, torch.randn(1, 2, 128, 128))
+    _bad("expected 4 dims", x[0], x[0], x[0])
+    _bad("share one dtype", x, x.half(), x)
+    _bad("one device", x, x.to("meta"), x)
+    nan = x.clone()
+    nan[0, 0, 3, 5] = float("nan")
+    _bad("k contains NaN or Inf", x, nan, x)
+    _bad("backend='cuda' is not one of", x, x, x, backend="cuda")
+    _bad("power of two", x, x, x, block_q=100)
+    with pytest.raises(sagebwd.SageBwdInputError, match="needs CUDA tensors"):
+        sagebwd.attention(x, x, x, backend="triton")
+    _bad("dtype torch.int32 is not supported", *(torch.ones(1, 2, 128, 64, dtype=torch.int32),) * 3)

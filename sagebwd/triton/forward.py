@@ -1,0 +1,134 @@
+"""Forward kernel (the paper's Algorithm 1) on pre-quantised Q, K, V.
+
+One program per (q block, batch*head); kernel tiles are the quantisation blocks (BLOCK_M =
+block_q rows of Q, BLOCK_N = block_kv rows of K/V). S = int(Q^ K^T) * s_Q * s_K * sm_scale is
+kept in log2 units (log2(e) folded into the scale, so exponentials are exp2). Per kv tile j:
+t = rowmax(S_j); P^ = round(127 * exp(S_j - t)) is the paper's per-token quantisation (it does
+not depend on the running max m), and the online softmax weights the tile by w = exp(t - m).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import LN2, LOG2E, interpreting, round_half_even
+
+
+@triton.jit
+def smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kn, stride_kd, SMOOTH_K: tl.constexpr):
+    """mu_i . K_sm_n for the keys offs_n, in fp32 (Q-smoothing's full-precision bias, unscaled)."""
+    k = tl.load(KF_bh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd).to(tl.float32)
+    if SMOOTH_K:
+        k -= tl.load(KMEAN_bh + offs_d)[None, :]
+    return tl.sum(k * tl.load(MU_blk + offs_d)[None, :], axis=1)
+
+
+@triton.jit
+def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
+                   K8_bh, V8T_bh, SK_bh, SV_bh, KF_bh, KMEAN_bh, MU_blk, stride_kn, stride_kd,
+                   bias_scale, N,
+                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
+                   SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        j = start_n // BLOCK_N
+        k8 = tl.load(K8_bh + offs_n[:, None] * HEAD_DIM + offs_d[None, :])
+        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32) * (q_scale * tl.load(SK_bh + j))
+        if SMOOTH_Q:
+            bias = smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kn, stride_kd, SMOOTH_K)
+            s += (bias * bias_scale)[None, :]
+        if MASKED:
+            s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
+        t = tl.max(s, axis=1)                              # tile row max; -inf if the row is fully masked
+        t_safe = tl.where(t == float("-inf"), 0.0, t)
+        p = tl.math.exp2(s - t_safe[:, None])              # P~ / exp(t - m): in [0, 1], 1 at the max
+        p8 = round_half_even(p * 127.0).to(tl.int8)
+        m_new = tl.maximum(m_i, t)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        w = tl.math.exp2(t - m_safe)
+        v8 = tl.trans(tl.load(V8T_bh + offs_d[:, None] * N + offs_n[None, :]))   # sequence-contiguous
+        pv = tl.dot(p8, v8, out_dtype=tl.int32).to(tl.float32)
+        acc = acc * alpha[:, None] + pv * (w * (tl.load(SV_bh + j) * (1.0 / 127.0)))[:, None]
+        l_i = l_i * alpha + w * tl.sum(p, axis=1)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
+                    stride_kfb, stride_kfh, stride_kfn, stride_kfd,
+                    sm_scale, H, N,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    seq_base = bh.to(tl.int64) * N * HEAD_DIM
+    q8 = tl.load(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
+    q_scale = tl.load(SQ + bh * (N // BLOCK_M) + pid_m) * (sm_scale * LOG2E)
+    K8_bh = K8 + seq_base
+    V8T_bh = V8T + seq_base
+    SK_bh = SK + bh * (N // BLOCK_N)
+    SV_bh = SV + bh * (N // BLOCK_N)
+    KF_bh = KF + (bh // H).to(tl.int64) * stride_kfb + (bh % H).to(tl.int64) * stride_kfh
+    KMEAN_bh = KMEAN + bh * HEAD_DIM
+    MU_blk = MU + (bh * (N // BLOCK_M) + pid_m) * HEAD_DIM
+    bias_scale = sm_scale * LOG2E
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    if CAUSAL:
+        # Tiles entirely at or below the diagonal need no mask; tiles past the block's last row are skipped.
+        diag_lo = (start_m + 1) // BLOCK_N * BLOCK_N
+        diag_hi = tl.minimum(tl.cdiv(start_m + BLOCK_M, BLOCK_N) * BLOCK_N, N)
+        acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, 0, diag_lo,
+                                       K8_bh, V8T_bh, SK_bh, SV_bh, KF_bh, KMEAN_bh, MU_blk,
+                                       stride_kfn, stride_kfd, bias_scale, N,
+                                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K)
+        acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, diag_lo, diag_hi,
+                                       K8_bh, V8T_bh, SK_bh, SV_bh, KF_bh, KMEAN_bh, MU_blk,
+                                       stride_kfn, stride_kfd, bias_scale, N,
+                                       BLOCK_N, HEAD_DIM, True, SMOOTH_Q, SMOOTH_K)
+    else:
+        acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, 0, N,
+                                       K8_bh, V8T_bh, SK_bh, SV_bh, KF_bh, KMEAN_bh, MU_blk,
+                                       stride_kfn, stride_kfd, bias_scale, N,
+                                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K)
+    o = acc * (1.0 / l_i)[:, None]
+    tl.store(O + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty))
+    tl.store(LSE + bh * N + offs_m, m_i * LN2 + tl.log(l_i))
+
+
+def _launch_settings(block_m: int, head_dim: int) -> dict:
+    if interpreting():
+        return dict(num_warps=1, num_stages=1)
+    return dict(num_warps=8 if block_m >= 128 else 4, num_stages=3 if head_dim <= 64 else 2)
+
+
+def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool,
+            mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int):
+    """O (B,H,N,D) in out_dtype and LSE (B,H,N) fp32 from the quantised operands.
+
+    mu_q (B,H,N/block_q,D), k (the unquantised K, any strides) and k_mean (B*H,D) are needed
+    only with Q-smoothing (mu_q not None), for the bias mu_i . K_sm^T.
+    """
+    b, h, n, d = q8.shape
+    o = torch.empty(b, h, n, d, device=q8.device, dtype=out_dtype)
+    lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
+    smooth_q = mu_q is not None
+    kf = k if smooth_q else q8
+    _forward_kernel[(n // block_q, b * h)](
+        q8, k8, v8t, s_q, s_k, s_v, o, lse,
+        mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,
+        *kf.stride(), 1.0 / math.sqrt(d), h, n,
+        BLOCK_M=block_q, BLOCK_N=block_kv, HEAD_DIM=d, CAUSAL=causal,
+        SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, **_launch_settings(block_q, d))
+    return o, lse

@@ -1,0 +1,117 @@
+"""The SageBwd kernels as torch.library custom ops with an autograd formula.
+
+``attention(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv) -> o`` is differentiable
+and traceable by torch.compile (the ops have fake implementations, so a compiled model keeps
+them as opaque nodes instead of breaking the graph).
+
+Saved for the backward (as FlashAttention saves Q, K, V, O, LSE; nothing of size N x N):
+Q^ and K^ in both layouts (int8, 4 N D bytes in all), their scales, V, O and the LSE; with
+Q-smoothing also the block means of Q, K and K's sequence mean (for the bias terms).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import backward as _bwd
+from . import forward as _fwd
+from . import quantize as _quant
+
+_LIB = "sagebwd_triton"
+_MAX_BLOCK = 256   # larger tiles would not fit in registers
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_kv: int) -> None:
+    # Cheap checks; sagebwd.api validates fully (with messages for users) before dispatching here.
+    assert q.dim() == 4 and q.shape == k.shape == v.shape, "q, k, v must be (batch, heads, seq, head_dim), equal"
+    assert q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16), \
+        f"triton backend takes fp16/bf16, got {q.dtype}"
+    assert q.shape[-1] in (64, 128), f"head_dim must be 64 or 128, got {q.shape[-1]}"
+    for name, blk in (("block_q", block_q), ("block_kv", block_kv)):
+        assert 16 <= blk <= _MAX_BLOCK and blk & (blk - 1) == 0, f"{name}={blk}: a power of two in [16, 256]"
+    assert q.shape[2] % block_q == 0 and q.shape[2] % block_kv == 0, \
+        f"seq {q.shape[2]} must be a multiple of block_q={block_q} and block_kv={block_kv}"
+
+
+def _empty(device) -> torch.Tensor:
+    return torch.empty(0, device=device, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_LIB}::forward", mutates_args=())
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, smooth_k: bool,
+                smooth_q: bool, block_q: int, block_kv: int, for_backward: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean); the last six only matter for the backward."""
+    _check(q, k, v, block_q, block_kv)
+    k_mean = _quant.sequence_mean(k) if smooth_k else None
+    q8, q8t, s_q, mu_q = _quant.quantize_blocks(q, block_q, smooth_block=smooth_q, cols=for_backward)
+    k8, k8t, s_k, _ = _quant.quantize_blocks(k, block_kv, mean=k_mean, cols=for_backward)
+    _, v8t, s_v, _ = _quant.quantize_blocks(v, block_kv, rows=False, cols=True)
+    o, lse = _fwd.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=q.dtype, causal=causal, smooth_k=smooth_k,
+                          mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv)
+    def unused(dtype=torch.float32):   # a fresh empty tensor each: op outputs must not alias
+        return torch.empty(0, device=q.device, dtype=dtype)
+    return (o, lse, q8, q8t if for_backward else unused(torch.int8), s_q, k8,
+            k8t if for_backward else unused(torch.int8), s_k,
+            mu_q if smooth_q else unused(), k_mean if smooth_k else unused())
+
+
+@_forward_op.register_fake
+def _forward_fake(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, for_backward):
+    b, h, n, d = q.shape
+    i8, f32 = torch.int8, torch.float32
+    t = (q.new_empty((b, h, d, n), dtype=i8) if for_backward else q.new_empty((0,), dtype=i8))
+    return (q.new_empty((b, h, n, d)), q.new_empty((b, h, n), dtype=f32),
+            q.new_empty((b, h, n, d), dtype=i8), t, q.new_empty((b, h, n // block_q), dtype=f32),
+            q.new_empty((b, h, n, d), dtype=i8), t.new_empty(t.shape), q.new_empty((b, h, n // block_kv), dtype=f32),
+            q.new_empty((b, h, n // block_q, d), dtype=f32) if smooth_q else q.new_empty((0,), dtype=f32),
+            q.new_empty((b * h, d), dtype=f32) if smooth_k else q.new_empty((0,), dtype=f32))
+
+
+@torch.library.custom_op(f"{_LIB}::backward", mutates_args=())
+def _backward_op(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, q8: torch.Tensor, q8t: torch.Tensor,
+                 s_q: torch.Tensor, k8: torch.Tensor, k8t: torch.Tensor, s_k: torch.Tensor, v: torch.Tensor,
+                 k: torch.Tensor, mu_q: torch.Tensor, k_mean: torch.Tensor, causal: bool, smooth_k: bool,
+                 smooth_q: bool, block_q: int, block_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    assert q8t.numel() == q8.numel(), "the forward ran without for_backward=True"
+    delta, do8t, s_do = _quant.backward_preprocess(do, o, block_q)
+    return _bwd.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, causal=causal,
+                         smooth_k=smooth_k, mu_q=mu_q if smooth_q else None, k=k,
+                         k_mean=k_mean if smooth_k else None, block_q=block_q, block_kv=block_kv)
+
+
+@_backward_op.register_fake
+def _backward_fake(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, smooth_k,
+                   smooth_q, block_q, block_kv):
+    shape = q8.shape
+    return v.new_empty(shape), v.new_empty(shape), v.new_empty(shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, _ = inputs
+    o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = output
+    # K itself is needed only for the Q-smoothing bias; otherwise keep nothing of it.
+    ctx.save_for_backward(o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k if smooth_q else _empty(k.device),
+                          mu_q, k_mean)
+    ctx.flags = (causal, smooth_k, smooth_q, block_q, block_kv)
+    ctx.mark_non_differentiable(lse, s_q, s_k, mu_q, k_mean)
+
+
+def _backward(ctx, do, *unused):
+    o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean = ctx.saved_tensors
+    dq, dk, dv = _backward_op(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, *ctx.flags)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+torch.library.register_autograd(f"{_LIB}::forward", _backward, setup_context=_setup_context)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, smooth_k: bool = True,
+              smooth_q: bool = False, block_q: int = 128, block_kv: int = 64) -> torch.Tensor:
+    """SageBwd attention on CUDA (or Triton's interpreter): O (B,H,N,D) in the input dtype.
+
+    q, k, v: (batch, heads, seq, head_dim), fp16 or bf16, any strides (a permuted view of a
+    (seq, batch, heads, dim) tensor works without a copy); O is returned contiguous.
+    """
+    for_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return _forward_op(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, for_backward)[0]

@@ -1,0 +1,132 @@
+"""Fused quantise step (smoothing + per-block INT8 + scales) and the backward preprocess.
+
+Layouts written (all contiguous, int8 unless said):
+  rows  (B, H, N, D): the operand of matmuls that reduce over D (S = Q K^T).
+  cols  (B, H, D, N): a sequence-contiguous copy for matmuls that reduce over the sequence
+        (P V, P^T dO, dS K, dS^T Q). Hopper's INT8 wgmma takes both operands K-major
+        (contiguous along the reduction); any other layout costs a transpose per tile.
+  scale (B, H, N / block) fp32, one per block of rows.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import interpreting, quantize_tile
+
+
+@triton.jit
+def _sequence_mean_kernel(X, MEAN, stride_b, stride_h, stride_n, stride_d, H, N,
+                          CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """MEAN[b*h, :] = mean over the sequence of X[b, h] (fp32): the K-smoothing offset."""
+    bh = tl.program_id(0)
+    base = X + (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
+    offs_n = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    total = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for start in range(0, N, CHUNK):
+        x = tl.load(base + (start + offs_n)[:, None] * stride_n + offs_d[None, :] * stride_d)
+        total += tl.sum(x.to(tl.float32), axis=0)
+    tl.store(MEAN + bh * HEAD_DIM + offs_d, tl.math.div_rn(total, N.to(tl.float32)))
+
+
+@triton.jit
+def _quantize_blocks_kernel(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN,
+                            stride_b, stride_h, stride_n, stride_d, H, N,
+                            BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+                            SUBTRACT_MEAN: tl.constexpr, SMOOTH_BLOCK: tl.constexpr,
+                            WRITE_ROWS: tl.constexpr, WRITE_COLS: tl.constexpr):
+    """Quantise one block of BLOCK rows of X[b, h] (after optional smoothing)."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    offs_n = blk * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    base = X + (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
+    x = tl.load(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d).to(tl.float32)
+    if SUBTRACT_MEAN:   # K-smoothing: K - mean over the whole sequence
+        x -= tl.load(MEAN + bh * HEAD_DIM + offs_d)[None, :]
+    if SMOOTH_BLOCK:    # Q-smoothing: Q_i - mean of block i; the mean is kept for the bias terms
+        mu = tl.sum(x, axis=0) * (1.0 / BLOCK)   # BLOCK is a power of two: exact division
+        tl.store(BLOCK_MEAN + (bh * (N // BLOCK) + blk) * HEAD_DIM + offs_d, mu)
+        x -= mu[None, :]
+    x8, scale = quantize_tile(x)
+    tl.store(SCALE + bh * (N // BLOCK) + blk, scale)
+    out = bh.to(tl.int64) * N * HEAD_DIM
+    if WRITE_ROWS:
+        tl.store(ROWS + out + offs_n[:, None] * HEAD_DIM + offs_d[None, :], x8)
+    if WRITE_COLS:
+        tl.store(COLS + out + offs_d[:, None] * N + offs_n[None, :], tl.trans(x8))
+
+
+@triton.jit
+def _backward_preprocess_kernel(DO, O, DELTA, DO_COLS, DO_SCALE,
+                                stride_dob, stride_doh, stride_don, stride_dod,
+                                stride_ob, stride_oh, stride_on, stride_od, H, N,
+                                BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """delta = rowsum(dO * O) (fp32) and the per-block INT8 dO, written sequence-contiguous."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_n = blk * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    do = tl.load(DO + b * stride_dob + h * stride_doh
+                 + offs_n[:, None] * stride_don + offs_d[None, :] * stride_dod).to(tl.float32)
+    o = tl.load(O + b * stride_ob + h * stride_oh
+                + offs_n[:, None] * stride_on + offs_d[None, :] * stride_od).to(tl.float32)
+    tl.store(DELTA + bh * N + offs_n, tl.sum(do * o, axis=1))
+    do8, scale = quantize_tile(do)
+    tl.store(DO_SCALE + bh * (N // BLOCK) + blk, scale)
+    tl.store(DO_COLS + bh.to(tl.int64) * N * HEAD_DIM + offs_d[:, None] * N + offs_n[None, :], tl.trans(do8))
+
+
+def _warps(block: int, head_dim: int) -> int:
+    return 1 if interpreting() else (8 if block * head_dim >= 128 * 128 else 4)
+
+
+def sequence_mean(x: torch.Tensor) -> torch.Tensor:
+    """fp32 mean over the sequence, shape (B*H, D)."""
+    b, h, n, d = x.shape
+    mean = torch.empty(b * h, d, device=x.device, dtype=torch.float32)
+    chunk = 64 if n % 64 == 0 else 16
+    assert n % chunk == 0, f"sequence length {n} must be a multiple of 16"
+    _sequence_mean_kernel[(b * h,)](x, mean, *x.stride(), h, n, CHUNK=chunk, HEAD_DIM=d,
+                                    num_warps=_warps(chunk, d))
+    return mean
+
+
+def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = None,
+                    smooth_block: bool = False, rows: bool = True, cols: bool = False):
+    """Per-block INT8 of x (B, H, N, D), any strides, after optional smoothing.
+
+    mean: (B*H, D) fp32 subtracted from every row first (K-smoothing).
+    smooth_block: subtract each block's own row mean (Q-smoothing); returned as (B, H, N/block, D).
+    Returns (rows int8 (B,H,N,D) or None, cols int8 (B,H,D,N) or None, scale (B,H,N/block), block_mean or None).
+    """
+    b, h, n, d = x.shape
+    assert n % block == 0, f"sequence length {n} is not a multiple of the block {block}"
+    dev = x.device
+    out_rows = torch.empty(b, h, n, d, device=dev, dtype=torch.int8) if rows else None
+    out_cols = torch.empty(b, h, d, n, device=dev, dtype=torch.int8) if cols else None
+    scale = torch.empty(b, h, n // block, device=dev, dtype=torch.float32)
+    block_mean = torch.empty(b, h, n // block, d, device=dev, dtype=torch.float32) if smooth_block else None
+    dummy = scale  # never dereferenced: the matching constexpr flag is off
+    _quantize_blocks_kernel[(n // block, b * h)](
+        x, mean if mean is not None else dummy, out_rows if rows else dummy, out_cols if cols else dummy,
+        scale, block_mean if smooth_block else dummy, *x.stride(), h, n,
+        BLOCK=block, HEAD_DIM=d, SUBTRACT_MEAN=mean is not None, SMOOTH_BLOCK=smooth_block,
+        WRITE_ROWS=rows, WRITE_COLS=cols, num_warps=_warps(block, d))
+    return out_rows, out_cols, scale, block_mean
+
+
+def backward_preprocess(do: torch.Tensor, o: torch.Tensor, block_q: int):
+    """Returns (delta (B,H,N) fp32, dO int8 (B,H,D,N), dO scales (B,H,N/block_q))."""
+    b, h, n, d = do.shape
+    delta = torch.empty(b, h, n, device=do.device, dtype=torch.float32)
+    do_cols = torch.empty(b, h, d, n, device=do.device, dtype=torch.int8)
+    do_scale = torch.empty(b, h, n // block_q, device=do.device, dtype=torch.float32)
+    _backward_preprocess_kernel[(n // block_q, b * h)](
+        do, o, delta, do_cols, do_scale, *do.stride(), *o.stride(), h, n,
+        BLOCK=block_q, HEAD_DIM=d, num_warps=_warps(block_q, d))
+    return delta, do_cols, do_scale

@@ -1,0 +1,157 @@
+"""The Triton kernels against the simulation, in Triton's CPU interpreter (CI has no GPU).
+
+TRITON_INTERPRET=1 must be set before Triton is first imported, and other test modules may
+import it first in this process, so the kernels run in one subprocess (this file, run as a
+script) that prints one JSON line per case; the tests below read those lines.
+
+Tolerance: the kernels do the simulation's arithmetic in another order (exp2 with log2(e)
+folded into the scale, tensor-core summation order), so they differ from it only by the
+output dtype's rounding and rare rounding flips of an INT8 value; both are far below the
+INT8 error itself, which every case also checks (kernel-vs-simulation must be a small
+fraction of simulation-vs-full-precision, so a kernel that skipped quantisation would fail).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (name, dtype, seq, head_dim, block_q, block_kv, causal, smooth_q, strided inputs)
+CASES = [
+    ("fp16-plain", "float16", 256, 64, 128, 64, False, False, False),
+    ("fp16-causal", "float16", 256, 64, 128, 64, True, False, False),
+    ("fp16-smoothq", "float16", 256, 64, 128, 64, False, True, False),
+    ("fp16-causal-smoothq-strided", "float16", 256, 64, 128, 64, True, True, True),
+    ("fp16-causal-blocks64", "float16", 256, 64, 64, 64, True, False, False),
+    ("fp16-blocks128-smoothq", "float16", 256, 64, 128, 128, False, True, False),
+    ("fp16-causal-q64-kv128", "float16", 256, 64, 64, 128, True, True, False),
+    ("fp16-causal-d128", "float16", 256, 128, 128, 64, True, False, False),
+    ("bf16-causal", "bfloat16", 256, 64, 128, 64, True, False, False),
+]
+# Relative L2, kernel vs simulation (same dtype). The interpreter rounds fp32 -> bf16 less
+# carefully than the GPU does, so bf16 gets a looser bound here (the GPU check uses 5e-3).
+TOLERANCE = {"float16": 5e-3, "bfloat16": 2.5e-2}
+# Kernel-vs-simulation must stay under this fraction of simulation-vs-FPA (the INT8 error).
+FRACTION_OF_INT8_ERROR = 0.35
+
+
+def _rel(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm())
+
+
+def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strided) -> dict:
+    import torch
+    import sagebwd
+    from sagebwd import simulate
+    from sagebwd.simulate import SageConfig
+    from sagebwd.triton import attention
+
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    b, h = 1, 2
+    if strided:   # (seq, batch, heads, dim) storage, as DeepSpeed's DistributedAttention hands it over
+        raw = [torch.randn(n, b, h, d, generator=gen).to(dtype) for _ in range(3)]
+        q, k, v = [x.permute(1, 2, 0, 3).requires_grad_() for x in raw]
+    else:
+        q, k, v = [torch.randn(b, h, n, d, generator=gen).to(dtype).requires_grad_() for _ in range(3)]
+    do = torch.randn(b, h, n, d, generator=gen).to(dtype)
+
+    start = time.time()
+    o = attention(q, k, v, causal, True, smooth_q, block_q, block_kv)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    seconds = time.time() - start
+    with torch.no_grad():   # the inference path (no transposed copies) must give the same O
+        o_inference = attention(q, k, v, causal, True, smooth_q, block_q, block_kv)
+
+    # The backward is defined given the O the forward returned: feed the simulation's backward
+    # the kernel's O, so that 1-ulp differences of O do not move delta and flip dS integers.
+    cfg = SageConfig(causal=causal, smooth_q=smooth_q, block_q=block_q, block_kv=block_kv)
+    with torch.no_grad():
+        o_sim, saved = simulate.forward(q, k, v, cfg)
+        grads_sim = simulate.backward(saved._replace(o=o.detach()), do, cfg)
+    fpa = sagebwd.fpa_attention(q.detach().double(), k.detach().double(), v.detach().double(),
+                                do.double(), causal=causal)
+
+    result = {"name": name, "seconds": seconds, "inference_equal": bool(torch.equal(o, o_inference)),
+              "finite": all(bool(torch.isfinite(t).all()) for t in (o, *grads)),
+              "dtypes_ok": all(t.dtype == dtype for t in (o, *grads))}
+    for key, out, sim, ref in zip(("o", "dq", "dk", "dv"), (o, *grads), (o_sim, *grads_sim),
+                                  (fpa.o, fpa.dq, fpa.dk, fpa.dv)):
+        result[key] = {"vs_sim": _rel(out, sim), "sim_vs_fpa": _rel(sim, ref)}
+    return result
+
+
+def _compile_case() -> dict:
+    """fullgraph torch.compile over the op (aot_eager: tracing and the autograd formula, no codegen)."""
+    import torch
+    from sagebwd.triton import attention
+
+    def layer(q, k, v):
+        return attention(q * 1.0, k, v, True, True, False, 128, 64).sum()
+
+    q, k, v = [torch.randn(1, 1, 128, 64).half().requires_grad_() for _ in range(3)]
+    eager = torch.autograd.grad(layer(q, k, v), (q, k, v))
+    compiled = torch.autograd.grad(torch.compile(layer, backend="aot_eager", fullgraph=True)(q, k, v), (q, k, v))
+    return {"name": "compile", "equal": all(bool(torch.equal(a, b)) for a, b in zip(eager, compiled))}
+
+
+def _opcheck_case() -> dict:
+    import torch
+    from sagebwd.triton import ops  # noqa: F401  (registers the ops)
+
+    q, k, v = [torch.randn(1, 1, 128, 64).half().requires_grad_() for _ in range(3)]
+    torch.library.opcheck(torch.ops.sagebwd_triton.forward.default, (q, k, v, True, True, True, 128, 64, True),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    return {"name": "opcheck", "ok": True}
+
+
+def main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through the tests (they set TRITON_INTERPRET=1)"
+    for case in CASES:
+        print(json.dumps(_run_case(*case)), flush=True)
+    print(json.dumps(_compile_case()), flush=True)
+    print(json.dumps(_opcheck_case()), flush=True)
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sys.executable, __file__], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"interpreter run failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {r["name"]: r for r in lines}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_kernels_match_simulation(results, case):
+    r = results[case[0]]
+    assert r["finite"] and r["dtypes_ok"], r
+    assert r["inference_equal"], "forward without grad (no transposed copies) changed O"
+    for key in ("o", "dq", "dk", "dv"):
+        err, int8_err = r[key]["vs_sim"], r[key]["sim_vs_fpa"]
+        assert err <= TOLERANCE[case[1]], f"{key}: kernel vs simulation {err:.2e}"
+        assert err <= FRACTION_OF_INT8_ERROR * int8_err, \
+            f"{key}: kernel vs simulation {err:.2e} is not small against the INT8 error {int8_err:.2e}"
+
+
+def test_compiles_fullgraph(results):
+    assert results["compile"]["equal"]
+
+
+def test_opcheck(results):
+    assert results["opcheck"]["ok"]
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, model_validator
 
 # GPT-2 BPE has 50257 tokens; 50304 = next multiple of 64, which keeps the embedding and
@@ -24,6 +26,8 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # Named shape (see PRESETS); explicitly given fields override the preset's values.
+    preset: str | None = None
     vocab_size: int = GPT2_VOCAB_SIZE
     pad_vocab_to_multiple_of: int = 64
     seq_len: int = 4096
@@ -59,6 +63,16 @@ class ModelConfig(BaseModel):
     @property
     def smooth_q(self) -> bool:
         return self.smoothing == "qk"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") is not None:
+            name = data["preset"]
+            if name not in PRESETS:
+                raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+            data = {**PRESETS[name], **data}
+        return data
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "ModelConfig":
@@ -102,8 +116,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def model_config_from_preset(name: str, **overrides) -> ModelConfig:
+def model_config_from_preset(name: str, **overrides: Any) -> ModelConfig:
     """Preset shapes plus explicit overrides (overrides win)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
-    return ModelConfig(**{**PRESETS[name], **overrides})
+    return ModelConfig(preset=name, **overrides)

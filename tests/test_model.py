@@ -160,3 +160,22 @@ def test_invalid_model_configs_say_what_is_wrong(overrides, message):
 def test_unknown_preset_lists_the_choices():
     with pytest.raises(ValueError, match="llama-325m"):
         model_config_from_preset("llama-7b")
+
+
+@pytest.mark.parametrize("attention,smoothing", [("fpa", "none"), ("sagebwd", "k")])
+def test_loss_drops_over_30_steps(attention, smoothing):
+    """Both backends must learn: fit one fixed batch with plain AdamW."""
+    torch.manual_seed(0)
+    model = Llama(micro(attention=attention, smoothing=smoothing, qk_norm=True))
+    ids = torch.randint(0, 512, (4, 65))
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(6.24, abs=0.3)  # ~ln(512): uniform at init
+    assert losses[-1] < 0.5 * losses[0], losses

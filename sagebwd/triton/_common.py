@@ -16,6 +16,25 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
+# The last compiled kernel of each launcher, for the benchmark's register/spill/SASS report.
+COMPILED: dict = {}
+
+
+# Launch settings (num_warps, num_stages) to use instead of the defaults, by kernel name;
+# set only by the benchmark's sweep.
+LAUNCH_OVERRIDES: dict = {}
+
+
+def remember(name: str, compiled) -> None:
+    COMPILED[name] = compiled
+
+
+def launch_settings(name: str, default: dict) -> dict:
+    if interpreting():
+        return dict(num_warps=1, num_stages=1)
+    return {**default, **LAUNCH_OVERRIDES.get(name, {})}
+
+
 def interpreting() -> bool:
     """True under TRITON_INTERPRET=1 (CPU interpreter): then run one fixed config, no autotuning."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

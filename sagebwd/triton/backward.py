@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LOG2E, interpreting, quantize_tile
+from ._common import LOG2E, interpreting, launch_settings, quantize_tile, remember
 from .forward import smooth_q_bias
 
 
@@ -209,10 +209,8 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE, DELTA, DQ, MU, KF, KMEAN,
     tl.store(DQ + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty))
 
 
-def _launch_settings(rows: int, head_dim: int) -> dict:
-    if interpreting():
-        return dict(num_warps=1, num_stages=1)
-    return dict(num_warps=8 if rows >= 128 else 4, num_stages=2)
+def _launch_settings(name: str, rows: int) -> dict:
+    return launch_settings(name, dict(num_warps=8 if rows >= 128 else 4, num_stages=2))
 
 
 def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causal: bool,
@@ -228,12 +226,12 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
     k_mean = k_mean if (smooth_q and smooth_k) else s_q
     sm_scale = 1.0 / math.sqrt(d)
     flags = dict(HEAD_DIM=d, CAUSAL=causal, SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, DOT_F32=interpreting())
-    _dkdv_kernel[(n // block_kv, b * h)](
+    remember("dkdv", _dkdv_kernel[(n // block_kv, b * h)](
         q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, dk, dv, mu, kf, k_mean,
         *v.stride(), *do.stride(), *kf.stride(), sm_scale, h, n,
-        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings(block_kv, d))
-    _dq_kernel[(n // block_q, b * h)](
+        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings("dkdv", block_kv)))
+    remember("dq", _dq_kernel[(n // block_q, b * h)](
         q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, mu, kf, k_mean,
         *v.stride(), *do.stride(), *kf.stride(), sm_scale, h, n,
-        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings(block_q, d))
+        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings("dq", block_q)))
     return dq, dk, dv

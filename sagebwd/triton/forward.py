@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LN2, LOG2E, interpreting, round_half_even
+from ._common import LN2, LOG2E, launch_settings, remember, round_half_even
 
 
 @triton.jit
@@ -108,9 +108,8 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
 
 
 def _launch_settings(block_m: int, head_dim: int) -> dict:
-    if interpreting():
-        return dict(num_warps=1, num_stages=1)
-    return dict(num_warps=8 if block_m >= 128 else 4, num_stages=3 if head_dim <= 64 else 2)
+    return launch_settings("forward", dict(num_warps=8 if block_m >= 128 else 4,
+                                           num_stages=3 if head_dim <= 64 else 2))
 
 
 def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool,
@@ -125,10 +124,11 @@ def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bo
     lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
     smooth_q = mu_q is not None
     kf = k if smooth_q else q8
-    _forward_kernel[(n // block_q, b * h)](
+    compiled = _forward_kernel[(n // block_q, b * h)](
         q8, k8, v8t, s_q, s_k, s_v, o, lse,
         mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,
         *kf.stride(), 1.0 / math.sqrt(d), h, n,
         BLOCK_M=block_q, BLOCK_N=block_kv, HEAD_DIM=d, CAUSAL=causal,
         SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, **_launch_settings(block_q, d))
+    remember("forward", compiled)
     return o, lse

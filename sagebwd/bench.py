@@ -1,0 +1,313 @@
+"""Benchmark (and GPU correctness check) of the SageBwd Triton kernels against torch SDPA.
+
+    python -m sagebwd.bench [--json PATH] [--check] [--sweep] [--quick]
+
+Benchmark: forward, backward and forward+backward of SageBwd and of torch SDPA with the
+FLASH_ATTENTION (FA2), CUDNN_ATTENTION and EFFICIENT_ATTENTION backends; bf16; median of
+triton.testing.do_bench on random inputs; TFLOPS-equivalent by FlashAttention's convention
+(forward 4 B H N^2 D, half when causal; backward 2.5x forward); peak memory of one fwd+bwd.
+--check: kernels vs the simulation at real sizes (relative L2 of O, dQ, dK, dV with the
+simulation's outputs cast to the same dtype), every output element written (the allocator's
+cache is poisoned with NaN first), 50 reruns bit-identical, and the error against full
+precision next to the simulation's (the sigma table in docs/sagebwd.md).
+--sweep: times (num_warps, num_stages) per kernel at the target shapes.
+Also prints registers, spills and whether the INT8 dots compiled to wgmma, per kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import sys
+
+import torch
+
+SHAPES = [(8, 16, 4096, 64), (8, 8, 4096, 128), (2, 16, 16384, 64)]
+BASELINES = ("FLASH", "CUDNN", "EFFICIENT")
+MODES = ("fwd", "bwd", "fwd+bwd")
+
+
+def _sdpa_backend(name: str):
+    from torch.nn.attention import SDPBackend
+    return {"FLASH": SDPBackend.FLASH_ATTENTION, "CUDNN": SDPBackend.CUDNN_ATTENTION,
+            "EFFICIENT": SDPBackend.EFFICIENT_ATTENTION}[name]
+
+
+def attention_fn(impl: str, causal: bool):
+    """A callable (q, k, v) -> o for 'sage' or an SDPA backend name."""
+    import sagebwd
+    if impl == "sage":
+        return lambda q, k, v: sagebwd.attention(q, k, v, causal=causal, backend="triton", check_finite=False)
+
+    from torch.nn.attention import sdpa_kernel
+    backend = _sdpa_backend(impl)
+
+    def run(q, k, v):
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def flops(shape, causal: bool, mode: str) -> float:
+    b, h, n, d = shape
+    fwd = 4.0 * b * h * n * n * d / (2 if causal else 1)
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd}[mode]
+
+
+def time_impl(impl: str, shape, causal: bool, mode: str) -> dict:
+    """Median milliseconds of one mode, plus the peak memory of one forward+backward."""
+    import triton
+    b, h, n, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+               for _ in range(3)]
+    do = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    fn = attention_fn(impl, causal)
+    try:
+        if mode == "fwd":
+            with torch.no_grad():   # inference: what a forward alone costs
+                ms = triton.testing.do_bench(lambda: fn(q, k, v), return_mode="median")
+        elif mode == "bwd":
+            o = fn(q, k, v)
+            ms = triton.testing.do_bench(lambda: o.backward(do, retain_graph=True), grad_to_none=[q, k, v],
+                                         return_mode="median")
+        else:
+            ms = triton.testing.do_bench(lambda: fn(q, k, v).backward(do), grad_to_none=[q, k, v],
+                                         return_mode="median")
+    except RuntimeError as err:   # e.g. a backend that does not take this shape
+        return {"ms": None, "error": str(err).splitlines()[0][:200]}
+    out = {"ms": ms, "tflops": flops(shape, causal, mode) / ms * 1e-9}
+    if mode == "fwd+bwd":
+        q.grad = k.grad = v.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn(q, k, v).backward(do)
+        torch.cuda.synchronize()
+        out["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    return out
+
+
+def benchmark(shapes, quick: bool) -> list[dict]:
+    rows = []
+    for shape in shapes:
+        for causal in (True, False):
+            for mode in MODES:
+                row = {"shape": list(shape), "causal": causal, "mode": mode}
+                for impl in ("sage",) + BASELINES:
+                    row[impl] = time_impl(impl, shape, causal, mode)
+                rows.append(row)
+                print(_format_row(row), flush=True)
+            if quick:
+                break
+    return rows
+
+
+def _format_row(row) -> str:
+    def cell(r):
+        return f"{r['ms']:8.3f} ms {r['tflops']:6.1f}" if r.get("ms") else f"{'n/a':>18}"
+    sage = row["sage"]
+    ratios = " ".join(f"{sage['ms'] and row[b].get('ms') and row[b]['ms'] / sage['ms'] or float('nan'):5.2f}x"
+                      for b in BASELINES)
+    return (f"{str(tuple(row['shape'])):20} {'causal' if row['causal'] else 'full':6} {row['mode']:8}"
+            f" | sage {cell(sage)} | " + " | ".join(f"{b} {cell(row[b])}" for b in BASELINES)
+            + f" | sage speed-up vs {'/'.join(BASELINES)}: {ratios}")
+
+
+def markdown_table(rows) -> str:
+    head = ("| (B,H,N,D) | mask | pass | SageBwd ms | TFLOPS | FLASH ms | CUDNN ms | EFFICIENT ms |"
+            " ×FLASH | ×CUDNN | ×EFFICIENT | peak MiB sage / flash / cudnn |")
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        s = r["sage"]
+
+        def ms(x):
+            return f"{x['ms']:.3f}" if x.get("ms") else "n/a"
+
+        def ratio(b):
+            return f"{r[b]['ms'] / s['ms']:.2f}" if r[b].get("ms") and s.get("ms") else "n/a"
+        peak = " / ".join(f"{r[i].get('peak_mib', float('nan')):.0f}" for i in ("sage", "FLASH", "CUDNN")) \
+            if r["mode"] == "fwd+bwd" else ""
+        lines.append(f"| {tuple(r['shape'])} | {'causal' if r['causal'] else 'full'} | {r['mode']} | {ms(s)} | "
+                     f"{s.get('tflops', 0):.0f} | {ms(r['FLASH'])} | {ms(r['CUDNN'])} | {ms(r['EFFICIENT'])} | "
+                     f"{ratio('FLASH')} | {ratio('CUDNN')} | {ratio('EFFICIENT')} | {peak} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# correctness at real sizes
+
+
+def _rel(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm())
+
+
+def _poison_allocator(mib: int) -> None:
+    """Fill cached-but-free device memory with NaN, so an output element the kernels never write shows."""
+    torch.cuda.synchronize()
+    blocks = [torch.full((64 * 2**20 // 4,), float("nan"), device="cuda") for _ in range(max(1, mib // 64))]
+    del blocks
+
+
+def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv=64, reruns=50) -> dict:
+    from . import simulate
+    from .triton import attention
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    q, k, v, do = [torch.randn(*shape, device="cuda", generator=gen).to(dtype) for _ in range(4)]
+    q, k, v = [t.requires_grad_() for t in (q, k, v)]
+
+    def run():
+        o = attention(q, k, v, causal, True, smooth_q, block_q, block_kv)
+        return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+    _poison_allocator(4096)
+    outs = run()
+    written = all(bool(torch.isfinite(t).all()) for t in outs)
+    identical = all(all(torch.equal(a, b) for a, b in zip(outs, run())) for _ in range(reruns))
+    cfg = simulate.SageConfig(causal=causal, smooth_q=smooth_q, block_q=block_q, block_kv=block_kv)
+    with torch.no_grad():
+        o_sim, saved = simulate.forward(q, k, v, cfg)
+        grads_sim = simulate.backward(saved._replace(o=outs[0]), do, cfg)   # given the O returned
+    errs = {name: _rel(a, b) for name, a, b in zip(("o", "dq", "dk", "dv"), outs, (o_sim, *grads_sim))}
+    del saved, grads_sim
+    return {"shape": list(shape), "dtype": str(dtype).split(".")[-1], "causal": causal, "smooth_q": smooth_q,
+            "blocks": [block_q, block_kv], "rel_l2_vs_sim": errs, "all_written": written,
+            f"identical_over_{reruns}_reruns": identical}
+
+
+def sigma_case(sigma: float, causal: bool, seq=1024, head_dim=64, heads=4) -> dict:
+    """Error against full precision for kernel and simulation on the same bf16 inputs."""
+    from . import fpa_attention, simulate
+    from .triton import attention
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    shape = (1, heads, seq, head_dim)
+    q, k = [(sigma * torch.randn(*shape, device="cuda", generator=gen)).bfloat16() for _ in range(2)]
+    v, do = [torch.randn(*shape, device="cuda", generator=gen).bfloat16() for _ in range(2)]
+    qg, kg, vg = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = attention(qg, kg, vg, causal, True, False, 128, 64)
+    kernel = (o, *torch.autograd.grad(o, (qg, kg, vg), do))
+    cfg = simulate.SageConfig(causal=causal)
+    o_sim, saved = simulate.forward(q, k, v, cfg)
+    sim = (o_sim, *simulate.backward(saved, do, cfg))
+    ref = fpa_attention(q.double(), k.double(), v.double(), do.double(), causal=causal)
+    refs = (ref.o, ref.dq, ref.dk, ref.dv)
+    names = ("o", "dq", "dk", "dv")
+    return {"sigma": sigma, "causal": causal, "seq": seq,
+            "kernel_vs_fpa": {n: _rel(a, r) for n, a, r in zip(names, kernel, refs)},
+            "sim_vs_fpa": {n: _rel(a, r) for n, a, r in zip(names, sim, refs)}}
+
+
+TOLERANCE = {"bfloat16": 5e-3, "float16": 2e-3}
+
+
+def check_correctness(quick: bool) -> dict:
+    cases = [((2, 4, 4096, 64), torch.bfloat16, True, False), ((2, 4, 4096, 64), torch.bfloat16, False, False),
+             ((2, 2, 4096, 128), torch.bfloat16, True, False), ((2, 2, 4096, 128), torch.float16, False, True),
+             ((1, 4, 4096, 64), torch.float16, True, True), ((1, 1, 16384, 64), torch.bfloat16, True, False)]
+    extra = [((1, 4, 2048, 64), torch.bfloat16, True, False, 64, 64),
+             ((1, 4, 2048, 128), torch.bfloat16, False, False, 128, 128)]
+    if quick:
+        cases, extra = cases[:1], []
+    results, ok = [], True
+    for case in cases + extra:
+        r = check_case(*case[:4], *case[4:])
+        tol = TOLERANCE[r["dtype"]]
+        r["pass"] = (r["all_written"] and r["identical_over_50_reruns"]
+                     and all(e <= tol for e in r["rel_l2_vs_sim"].values()))
+        ok &= r["pass"]
+        results.append(r)
+        errs = " ".join(f"{k} {e:.2e}" for k, e in r["rel_l2_vs_sim"].items())
+        print(f"check {tuple(r['shape'])} {r['dtype']} causal={r['causal']} smooth_q={r['smooth_q']} "
+              f"blocks={r['blocks']}: {errs} written={r['all_written']} "
+              f"deterministic={r['identical_over_50_reruns']} -> {'PASS' if r['pass'] else 'FAIL'}", flush=True)
+        torch.cuda.empty_cache()
+    sigmas = [] if quick else [sigma_case(s, c) for s in (1.0, 5.0) for c in (True, False)]
+    for s in sigmas:
+        print(f"sigma {s['sigma']} causal={s['causal']}: kernel vs FPA "
+              + " ".join(f"{k} {e:.4f}" for k, e in s["kernel_vs_fpa"].items()) + " | sim vs FPA "
+              + " ".join(f"{k} {e:.4f}" for k, e in s["sim_vs_fpa"].items()), flush=True)
+    return {"cases": results, "sigma": sigmas, "pass": ok}
+
+
+# ---------------------------------------------------------------------------------------------
+# diagnostics and launch-setting sweep
+
+
+def kernel_report() -> dict:
+    """Registers, spills, shared memory and INT8 wgmma counts of the last compiled kernels."""
+    from .triton._common import COMPILED
+    report = {}
+    for name, kernel in COMPILED.items():
+        ptx = kernel.asm.get("ptx", "")
+        report[name] = {"n_regs": getattr(kernel, "n_regs", None), "n_spills": getattr(kernel, "n_spills", None),
+                        "shared": kernel.metadata.shared if hasattr(kernel.metadata, "shared") else None,
+                        "wgmma_s8": ptx.count(".s32.s8.s8"), "wgmma_bf16": ptx.count(".f32.bf16.bf16"),
+                        "mma_sync_s8": ptx.count("mma.sync.aligned") if "wgmma" not in ptx else 0,
+                        "num_warps": kernel.metadata.num_warps, "num_stages": kernel.metadata.num_stages}
+        print(f"kernel {name}: {report[name]}", flush=True)
+    return report
+
+
+def sweep(shapes) -> list[dict]:
+    from .triton._common import LAUNCH_OVERRIDES
+    out = []
+    for shape in shapes:
+        for name, mode in (("forward", "fwd"), ("dkdv", "bwd"), ("dq", "bwd")):
+            for warps in (4, 8):
+                for stages in (1, 2, 3, 4):
+                    LAUNCH_OVERRIDES.clear()
+                    LAUNCH_OVERRIDES[name] = dict(num_warps=warps, num_stages=stages)
+                    try:
+                        r = time_impl("sage", shape, True, mode)
+                    except Exception as err:  # noqa: BLE001  (e.g. out of shared memory)
+                        r = {"ms": None, "error": str(err).splitlines()[0][:200]}
+                    out.append({"shape": list(shape), "kernel": name, "num_warps": warps, "num_stages": stages, **r})
+                    print(f"sweep {tuple(shape)} causal {name} warps={warps} stages={stages}: {r.get('ms')}",
+                          flush=True)
+    LAUNCH_OVERRIDES.clear()
+    return out
+
+
+def environment() -> dict:
+    import triton
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
+            "date": datetime.date.today().isoformat()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write all results here")
+    ap.add_argument("--check", action="store_true", help="correctness at real sizes first")
+    ap.add_argument("--sweep", action="store_true", help="time num_warps/num_stages per kernel")
+    ap.add_argument("--no-bench", action="store_true", help="skip the benchmark table")
+    ap.add_argument("--quick", action="store_true", help="one shape, one mask (smoke test)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("sagebwd.bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    result = {"env": environment()}
+    print(result["env"], flush=True)
+    if args.check:
+        result["check"] = check_correctness(args.quick)
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    if not args.no_bench:
+        result["bench"] = benchmark(shapes, args.quick)
+    result["kernels"] = kernel_report()
+    if args.sweep:
+        result["sweep"] = sweep([(8, 8, 4096, 128), (8, 16, 4096, 64)])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if "bench" in result:
+        print(f"\n{result['env']}\n" + markdown_table(result["bench"]), flush=True)
+    if "check" in result:
+        print("correctness:", "PASS" if result["check"]["pass"] else "FAIL", flush=True)
+    return 0 if result.get("check", {}).get("pass", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

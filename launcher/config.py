@@ -1,0 +1,133 @@
+"""The typed run config: one YAML file (+ `--set` overrides) -> one validated RunConfig.
+
+All checks live here, so a bad config fails before any process group, engine or MLflow
+run is created. Sections map one-to-one onto the parts of the trainer that read them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from launcher.overrides import ConfigError, apply_overrides
+from model import ModelConfig
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataConfig(Section):
+    """Which tokenised corpus to read."""
+
+    # A folder written by `python -m data_prep prepare`, or "shakespeare-demo": the demo
+    # corpus, prepared on first use under .cache/data/shakespeare.
+    path: str = "shakespeare-demo"
+    # "sha256" hashes every shard on open (~1 s/GB); "size" only checks lengths.
+    verify: Literal["sha256", "size"] = "sha256"
+
+
+class OptimizerConfig(Section):
+    """AdamW; weight decay applies to matrices only (not norm scales)."""
+
+    lr: float = Field(3e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0 disables")
+
+
+class ScheduleConfig(Section):
+    """Linear warmup to optimizer.lr, then cosine decay to min_lr_ratio * lr."""
+
+    kind: Literal["warmup_cosine"] = "warmup_cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+
+
+class TrainConfig(Section):
+    steps: int = Field(gt=0, description="optimizer steps")
+    micro_batch_size: int = Field(gt=0, description="sequences per rank per forward")
+    grad_accum_steps: int = Field(1, gt=0)
+    log_every: int = Field(10, gt=0, description="print a progress line every N steps")
+
+
+class EvalConfig(Section):
+    every: int = Field(100, gt=0, description="eval loss every N steps (and after the last)")
+    batches: int = Field(4, gt=0, description="validation batches per eval")
+
+
+class TrackingConfig(Section):
+    experiment: str = "sagebwd"
+    run_name: str | None = None
+    # None -> $MLFLOW_TRACKING_URI, else sqlite:///<repo>/.cache/mlflow.db
+    tracking_uri: str | None = None
+    # Metrics are buffered and written with one log_batch call per flush (~20 ms each on sqlite).
+    flush_every: int = Field(50, gt=0)
+
+
+class RunConfig(Section):
+    """Everything one training run needs. The world is one process for now: data- and
+    sequence-parallel sizes, ZeRO stage and checkpointing are future sections."""
+
+    seed: int = 1337
+    model: ModelConfig
+    data: DataConfig = DataConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    train: TrainConfig
+    eval: EvalConfig = EvalConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step, the paper's TPS (x data-parallel world size later)."""
+        return self.train.micro_batch_size * self.train.grad_accum_steps * self.model.seq_len
+
+    @model_validator(mode="after")
+    def _check_cross_section(self) -> "RunConfig":
+        if self.schedule.warmup_steps > self.train.steps:
+            raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) exceeds "
+                             f"train.steps ({self.train.steps}); lower the warmup")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fully resolved config (presets expanded), as plain YAML-able data."""
+        return self.model_dump(mode="json")
+
+
+def _describe(error: dict[str, Any]) -> str:
+    where = ".".join(str(part) for part in error["loc"]) or "<top level>"
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown key (check the spelling; see launcher/config.py for the fields)"
+    if error["type"] == "missing":
+        return f"{where}: required but not set"
+    if error["type"] == "value_error":  # our own cross-field checks name their keys already
+        return error["msg"].removeprefix("Value error, ")
+    return f"{where}: {error['msg']} (got {error.get('input')!r})"
+
+
+def build_run_config(raw: dict[str, Any], source: str = "config") -> RunConfig:
+    """Validate a nested dict; every problem is reported at once with its key path."""
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as err:
+        lines = "\n  ".join(_describe(e) for e in err.errors())
+        raise ConfigError(f"invalid run config ({source}):\n  {lines}") from None
+
+
+def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read YAML, apply `key.path=value` overrides, validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass --config with a YAML file "
+                          "such as experiments/configs/cpu-tiny.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
+    return build_run_config(apply_overrides(raw, overrides or []), source=str(path))

@@ -29,7 +29,8 @@ def _prepare(args: argparse.Namespace) -> int:
     config = make_prepare_config(
         source=args.source, input=args.input, out=args.out, val_fraction=args.val_fraction, seed=args.seed,
         text_field=args.text_field, shard_mb=args.shard_mb, on_bad_utf8=args.on_bad_utf8, ranks=args.ranks,
-        hf_split=args.hf_split, hf_config=args.hf_config, workers=args.workers, max_chunks=args.max_chunks)
+        hf_split=args.hf_split, hf_config=args.hf_config, hf_revision=args.hf_revision,
+        workers=args.workers, max_chunks=args.max_chunks)
     prepare(config)
     return 0
 
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--ranks", type=Path, help="GPT-2 ranks file (default: $SAGEBWD_GPT2_RANKS, the fetched asset, tiktoken)")
     prep.add_argument("--hf-split", help="hf: the split to read (default 'train')")
     prep.add_argument("--hf-config", help="hf: the dataset configuration name")
+    prep.add_argument("--hf-revision", help="hf: a hub revision (default: main; refs/convert/parquet is "
+                      "tried by itself for datasets with a loading script)")
     prep.add_argument("--workers", type=int, help="tokenising processes (default: all cores)")
     prep.add_argument("--max-chunks", type=int, help="stop after this many chunks; the same command resumes")
     prep.set_defaults(run=_prepare)

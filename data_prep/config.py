@@ -35,6 +35,7 @@ class PrepareConfig(BaseModel):
     on_bad_utf8: Literal["error", "replace"] = "error"
     hf_split: str = "train"
     hf_config: str | None = None
+    hf_revision: str | None = None
     ranks: Path | None = None
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     max_chunks: int | None = Field(None, ge=1, description="stop after this many chunks (resume later)")
@@ -55,7 +56,8 @@ class PrepareConfig(BaseModel):
         resolved_input = str(Path(self.input).resolve()) if self.source == "dir" else self.input
         return {"source": self.source, "input": resolved_input, "text_field": self.text_field,
                 "val_fraction": self.val_fraction, "seed": self.seed, "shard_bytes": self.shard_bytes,
-                "on_bad_utf8": self.on_bad_utf8, "hf_split": self.hf_split, "hf_config": self.hf_config}
+                "on_bad_utf8": self.on_bad_utf8, "hf_split": self.hf_split, "hf_config": self.hf_config,
+                "hf_revision": self.hf_revision}
 
 
 def make_prepare_config(**kwargs) -> PrepareConfig:

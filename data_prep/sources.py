@@ -1,8 +1,8 @@
 """Where documents come from: a folder of .txt/.jsonl/.parquet files, or a HuggingFace dataset.
 
 A source is read twice. Planning (`plan_pieces`) walks it once, cheaply, to count documents
-and bytes and to find positions where a chunk may end (a line of a .jsonl file, a row group
-of a .parquet file, a row of a dataset). Tokenising (`read_segment`) then reads back one
+and bytes and to find positions where a chunk may end (a line of a .jsonl file, a row of a
+.parquet file or of a dataset). Tokenising (`read_segment`) then reads back one
 contiguous segment of one unit, in any worker, in any order. Both walks use the same
 document order, which fixes each document's global index and so the train/val split.
 """
@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .errors import DataPrepError
 
@@ -69,6 +71,8 @@ class SourceSpec:
     text_field: str = "text"
     hf_split: str = "train"
     hf_config: str | None = None
+    hf_revision: str | None = None
+    load_workers: int = 1  # processes for the hub's download and Arrow conversion
     units: list[dict[str, Any]] = field(default_factory=list)  # filled by list_units
 
 
@@ -103,17 +107,46 @@ def _jsonl_pieces(unit: int, path: Path) -> Iterator[Piece]:
             offset += len(line)
 
 
-def _parquet_pieces(unit: int, path: Path, text_field: str) -> Iterator[Piece]:
+def greedy_pieces(unit: int, lengths: np.ndarray, max_bytes: int) -> Iterator[Piece]:
+    """Pieces of consecutive rows, each the longest run from its first row that fits max_bytes
+    (or one row alone if it is larger): the cuts pack_chunks would make row by row, found by
+    binary search instead of a Python loop over millions of rows."""
+    ends = np.cumsum(lengths, dtype=np.int64)
+    start = 0
+    while start < len(lengths):
+        before = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, before + max_bytes, side="right")))
+        yield Piece(unit, start, stop, stop - start, int(ends[stop - 1]) - before)
+        start = stop
+
+
+def _text_lengths(column) -> np.ndarray:
+    """UTF-8 byte length of every value of an Arrow string column (nulls count 0)."""
+    pc = _import("pyarrow.compute")
+    return pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False)
+
+
+def _parquet_pieces(unit: int, path: Path, text_field: str, max_bytes: int) -> Iterator[Piece]:
     pq = _import("pyarrow.parquet")
-    meta = pq.ParquetFile(path).metadata
-    names = meta.schema.names
+    parquet = pq.ParquetFile(path)
+    names = parquet.schema_arrow.names
     if text_field not in names:
         raise DataPrepError(f"{path} has no column {text_field!r} (columns: {names}). "
                             "Pass --text-field with the column that holds the text.")
-    column = names.index(text_field)
-    for group in range(meta.num_row_groups):
-        rows = meta.row_group(group)
-        yield Piece(unit, group, group + 1, rows.num_rows, rows.column(column).total_uncompressed_size)
+    column = parquet.read(columns=[text_field]).column(text_field)
+    yield from greedy_pieces(unit, _text_lengths(column), max_bytes)
+
+
+def _read_parquet_rows(path: Path, start: int, stop: int, text_field: str) -> list:
+    """Rows [start, stop) of the text column, reading only the row groups that hold them."""
+    pq = _import("pyarrow.parquet")
+    parquet = pq.ParquetFile(path)
+    group_ends = np.cumsum([parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)])
+    first = int(np.searchsorted(group_ends, start, side="right"))
+    last = int(np.searchsorted(group_ends, stop - 1, side="right"))
+    first_row = int(group_ends[first - 1]) if first else 0
+    table = parquet.read_row_groups(list(range(first, last + 1)), columns=[text_field])
+    return table.column(text_field).slice(start - first_row, stop - start).to_pylist()
 
 
 def _read_dir_segment(root: Path, unit: dict[str, Any], seg: Segment, text_field: str) -> Iterator[RawDocument]:
@@ -134,10 +167,8 @@ def _read_dir_segment(root: Path, unit: dict[str, Any], seg: Segment, text_field
             yield RawDocument(where, _jsonl_text(line, where, text_field))
             offset += len(line) + 1
     elif unit["format"] == "parquet":
-        pq = _import("pyarrow.parquet")
-        table = pq.ParquetFile(path).read_row_groups(list(range(seg.start, seg.stop)), columns=[text_field])
-        for i, text in enumerate(table.column(text_field).to_pylist()):
-            where = f"{unit['path']} (row group {seg.start}, row {i} of the segment)"
+        for i, text in enumerate(_read_parquet_rows(path, seg.start, seg.stop, text_field)):
+            where = f"{unit['path']} (row {seg.start + i})"
             yield RawDocument(where, _check_text_value(text, where, text_field))
     else:
         raise AssertionError(unit["format"])
@@ -172,14 +203,31 @@ def _check_text_value(text: Any, where: str, text_field: str) -> str | None:
 _OPEN_DATASETS: dict[tuple, Any] = {}
 
 
+# The hub's automatic Parquet export: how `datasets` 4+, which no longer runs loading scripts,
+# reads datasets that still ship one (OpenWebText did, in 2025).
+PARQUET_EXPORT_REVISION = "refs/convert/parquet"
+
+
 def open_hf_dataset(spec: SourceSpec):
     """The dataset for `spec`: a local `save_to_disk` folder if the input is a path, else the hub.
 
     Cached per process so that forked workers reuse the parent's memory-mapped Arrow table.
     """
-    key = (spec.input, spec.hf_split, spec.hf_config)
-    if key in _OPEN_DATASETS:
-        return _OPEN_DATASETS[key]
+    key = (spec.input, spec.hf_split, spec.hf_config, spec.hf_revision)
+    if key not in _OPEN_DATASETS:
+        loaded = _load_hf_dataset(spec)
+        _OPEN_DATASETS[key] = loaded
+        # Also under the revision actually read (the Parquet fallback changes it), which is
+        # what the workers' copy of the spec will ask for.
+        _OPEN_DATASETS[(spec.input, spec.hf_split, spec.hf_config, spec.hf_revision)] = loaded
+    loaded = _OPEN_DATASETS[key]
+    if spec.text_field not in loaded.column_names:
+        raise DataPrepError(f"dataset {spec.input} has no column {spec.text_field!r} (columns: "
+                            f"{loaded.column_names}). Pass --text-field with the column that holds the text.")
+    return loaded
+
+
+def _load_hf_dataset(spec: SourceSpec):
     datasets = _import("datasets")
     if Path(spec.input).exists():
         loaded = datasets.load_from_disk(spec.input)
@@ -188,29 +236,35 @@ def open_hf_dataset(spec: SourceSpec):
                 raise DataPrepError(f"{spec.input} has splits {list(loaded)}, not {spec.hf_split!r}; pass --hf-split.")
             loaded = loaded[spec.hf_split]
     else:
-        # Where the hub is reachable: e.g. Skylion007/openwebtext (~8M documents, ~40 GB of text).
-        loaded = datasets.load_dataset(spec.input, spec.hf_config, split=spec.hf_split)
-    if spec.text_field not in loaded.column_names:
-        raise DataPrepError(f"dataset {spec.input} has no column {spec.text_field!r} (columns: "
-                            f"{loaded.column_names}). Pass --text-field with the column that holds the text.")
-    _OPEN_DATASETS[key] = loaded
+        loaded = _load_from_hub(datasets, spec)
+    if getattr(loaded, "_indices", None) is not None:
+        loaded = loaded.flatten_indices()  # reading rows by Arrow offset needs rows in table order
     return loaded
+
+
+def _load_from_hub(datasets, spec: SourceSpec):
+    """load_dataset where the hub is reachable, e.g. Skylion007/openwebtext (8M documents, ~40 GB)."""
+    kwargs = {"split": spec.hf_split, "num_proc": spec.load_workers if spec.load_workers > 1 else None}
+    try:
+        return datasets.load_dataset(spec.input, spec.hf_config, revision=spec.hf_revision, **kwargs)
+    except RuntimeError as e:
+        if "scripts are no longer supported" not in str(e) or spec.hf_revision is not None:
+            raise
+        log.warning("%s ships a loading script, which this `datasets` does not run; reading the hub's "
+                    "Parquet export (revision %s) instead", spec.input, PARQUET_EXPORT_REVISION)
+        spec.hf_revision = PARQUET_EXPORT_REVISION
+        return datasets.load_dataset(spec.input, spec.hf_config, revision=spec.hf_revision, **kwargs)
 
 
 def _hf_units(spec: SourceSpec) -> list[dict[str, Any]]:
     ds = open_hf_dataset(spec)
-    return [{"path": spec.input, "format": "hf", "rows": ds.num_rows, "fingerprint": getattr(ds, "_fingerprint", "")}]
+    return [{"path": spec.input, "format": "hf", "rows": ds.num_rows, "revision": spec.hf_revision,
+             "fingerprint": getattr(ds, "_fingerprint", "")}]
 
 
-def _hf_pieces(spec: SourceSpec, rows_per_piece: int = 1024) -> Iterator[Piece]:
-    """Pieces of up to 1024 rows: a chunk boundary every row would make planning slow at 8M rows."""
-    pc = _import("pyarrow.compute")
+def _hf_pieces(spec: SourceSpec, max_bytes: int) -> Iterator[Piece]:
     ds = open_hf_dataset(spec)
-    column = ds.data.column(spec.text_field)
-    lengths = pc.fill_null(pc.binary_length(column), 0).to_numpy()
-    for start in range(0, ds.num_rows, rows_per_piece):
-        stop = min(start + rows_per_piece, ds.num_rows)
-        yield Piece(0, start, stop, stop - start, int(lengths[start:stop].sum()))
+    yield from greedy_pieces(0, _text_lengths(ds.data.column(spec.text_field)), max_bytes)
 
 
 def _read_hf_segment(spec: SourceSpec, seg: Segment) -> Iterator[RawDocument]:
@@ -234,9 +288,10 @@ def list_units(spec: SourceSpec) -> list[str]:
     raise DataPrepError(f"unknown source {spec.kind!r}; use 'dir' or 'hf'.")
 
 
-def plan_pieces(spec: SourceSpec) -> Iterator[Piece]:
+def plan_pieces(spec: SourceSpec, max_bytes: int) -> Iterator[Piece]:
+    """The source's documents as pieces; a piece is at most max_bytes unless it is one document."""
     if spec.kind == "hf":
-        yield from _hf_pieces(spec)
+        yield from _hf_pieces(spec, max_bytes)
         return
     root = Path(spec.input)
     for index, unit in enumerate(spec.units):
@@ -246,7 +301,7 @@ def plan_pieces(spec: SourceSpec) -> Iterator[Piece]:
         elif unit["format"] == "jsonl":
             yield from _jsonl_pieces(index, path)
         else:
-            yield from _parquet_pieces(index, path, spec.text_field)
+            yield from _parquet_pieces(index, path, spec.text_field, max_bytes)
 
 
 def read_segment(spec: SourceSpec, seg: Segment) -> Iterator[RawDocument]:

@@ -254,3 +254,12 @@ def test_vocabulary_that_does_not_fit_uint16_is_refused(enc):
                              special_tokens={"<|endoftext|>": 70000})
     with pytest.raises(DataPrepError, match="up to 70000.*uint16"):
         check_fits_uint16(wide)
+
+
+def test_parquet_chunks_cut_inside_and_across_row_groups(tmp_path, ranks, enc):
+    rows = [f"Row {i} " + "of parquet text " * (i % 4 + 1) for i in range(11)]
+    (tmp_path / "src").mkdir()
+    pq.write_table(pa.table({"text": rows, "n": list(range(11))}), tmp_path / "src" / "rows.parquet", row_group_size=3)
+    meta = run_prepare(tmp_path / "src", tmp_path / "out", ranks, shard_mb=90 / 2**20, val_fraction=0)
+    assert len(meta.splits["train"].shards) >= 5
+    assert split_documents(tmp_path / "out", "train") == [enc.encode_ordinary(r) for r in rows]

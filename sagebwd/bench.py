@@ -203,6 +203,37 @@ def sigma_case(sigma: float, causal: bool, seq=1024, head_dim=64, heads=4) -> di
 TOLERANCE = {"bfloat16": 5e-3, "float16": 2e-3}
 
 
+def fp32_gap(shape, dtype, causal: bool) -> dict:
+    """Kernel vs simulation before the outputs are rounded to 16 bits (kernels run with fp32
+    outputs, the simulation on fp32 copies of the same 16-bit inputs): how far apart the two
+    computations really are, and how much of the 16-bit gap is the final rounding."""
+    from . import simulate
+    from .triton import backward as kb, forward as kf, quantize as kq
+    gen = torch.Generator(device="cuda").manual_seed(99)
+    q, k, v, do = [torch.randn(*shape, device="cuda", generator=gen).to(dtype) for _ in range(4)]
+    k_mean = kq.sequence_mean(k)
+    q8, q8t, s_q, _ = kq.quantize_blocks(q, 128, cols=True)
+    k8, k8t, s_k, _ = kq.quantize_blocks(k, 64, mean=k_mean, cols=True)
+    _, v8t, s_v, _ = kq.quantize_blocks(v, 64, rows=False, cols=True)
+    o32, lse = kf.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=torch.float32, causal=causal, smooth_k=True,
+                          block_q=128, block_kv=64)
+    o16 = o32.to(dtype)
+    delta, do8t, s_do = kq.backward_preprocess(do, o16, 128)
+    grads32 = kb.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, causal=causal,
+                          smooth_k=True, block_q=128, block_kv=64, out_dtype=torch.float32)
+    cfg = simulate.SageConfig(causal=causal)
+    o_sim, saved = simulate.forward(q.float(), k.float(), v.float(), cfg)
+    grads_sim = simulate.backward(saved._replace(o=o16.float()), do.float(), cfg)
+    names = ("o", "dq", "dk", "dv")
+    out = {"shape": list(shape), "dtype": str(dtype).split(".")[-1], "causal": causal,
+           "fp32": {n: _rel(a, b) for n, a, b in zip(names, (o32, *grads32), (o_sim, *grads_sim))},
+           "rounded": {n: _rel(a.to(dtype), b.to(dtype)) for n, a, b in zip(names, (o32, *grads32),
+                                                                             (o_sim, *grads_sim))}}
+    print(f"fp32 gap {tuple(shape)} {out['dtype']} causal={causal}: "
+          + " ".join(f"{n} {out['fp32'][n]:.2e}->{out['rounded'][n]:.2e}" for n in names), flush=True)
+    return out
+
+
 def check_correctness(quick: bool) -> dict:
     cases = [((2, 4, 4096, 64), torch.bfloat16, True, False), ((2, 4, 4096, 64), torch.bfloat16, False, False),
              ((2, 2, 4096, 128), torch.bfloat16, True, False), ((2, 2, 4096, 128), torch.float16, False, True),
@@ -292,6 +323,8 @@ def main(argv=None) -> int:
     result = {"env": environment()}
     print(result["env"], flush=True)
     if args.check:
+        result["fp32_gap"] = [fp32_gap((2, 4, 4096, d), dt, True) for d in (64, 128)
+                              for dt in (torch.bfloat16, torch.float16)]
         result["check"] = check_correctness(args.quick)
     shapes = SHAPES[:1] if args.quick else SHAPES
     if not args.no_bench:

@@ -12,8 +12,8 @@ import os
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)   # kernels may read only constexpr globals
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 # The last compiled kernel of each launcher, for the benchmark's register/spill/SASS report.
@@ -40,11 +40,26 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# Hopper converts int <-> float at 16 per clock per SM (1/8 of its fp32 rate), and every score
+# tile needs three such conversions per element; these exact bit tricks use full-rate adds.
+# Adding 1.5 * 2**23 to a float with |x| < 2**22 leaves no fraction bits, so the FPU rounds it to
+# an integer with its default mode (ties to even, like torch.round), and that integer sits in the
+# low mantissa bits: bits(x + 1.5 * 2**23) = 0x4B400000 + round(x).
+MAGIC_F = tl.constexpr(12582912.0)   # 1.5 * 2**23
+MAGIC_I = tl.constexpr(0x4B400000)   # its bit pattern
+
+
 @triton.jit
-def round_half_even(x):
-    # Adding 1.5 * 2**23 leaves no fraction bits, so the FPU rounds to an integer with its
-    # default mode (ties to even, like torch.round); exact for |x| < 2**22 (here |x| <= 127).
-    return (x + 12582912.0) - 12582912.0
+def round_to_int8(x):
+    """int8 round(x) (ties to even) of fp32 x with |x| <= 127."""
+    return ((x + MAGIC_F).to(tl.int32, bitcast=True) - MAGIC_I).to(tl.int8)
+
+
+@triton.jit
+def int_to_float(x):
+    """fp32 of int32 x, exact for |x| < 2**22: INT8 dot products here stay below
+    127 * 127 * 256 < 2**22 (the reduction is at most 256 long)."""
+    return (x + MAGIC_I).to(tl.float32, bitcast=True) - MAGIC_F
 
 
 @triton.jit
@@ -60,4 +75,4 @@ def quantize_tile(x):
     """Per-tile INT8 of a 2-D fp32 tile: returns (int8 tile, scale)."""
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     scale, inv = block_scales(amax)
-    return round_half_even(x * inv).to(tl.int8), scale
+    return round_to_int8(x * inv), scale

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LOG2E, interpreting, launch_settings, quantize_tile, remember
+from ._common import LOG2E, int_to_float, interpreting, launch_settings, quantize_tile, remember
 from .forward import smooth_q_bias
 
 
@@ -45,7 +45,7 @@ def _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, lo, hi,
         i = start_m // BLOCK_M
         q_scale = tl.load(SQ_bh + i)
         q8 = tl.load(Q8_bh + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
-        s_t = tl.dot(k8, tl.trans(q8), out_dtype=tl.int32).to(tl.float32) * (k_scale * q_scale)
+        s_t = int_to_float(tl.dot(k8, tl.trans(q8), out_dtype=tl.int32)) * (k_scale * q_scale)
         if SMOOTH_Q:
             mu = tl.load(MU_bh + i * HEAD_DIM + offs_d)
             s_t += (tl.sum(ksm * mu[None, :], axis=1) * bias_scale)[:, None]
@@ -55,13 +55,13 @@ def _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, lo, hi,
             p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
         p8_t, p_scale = quantize_tile(p_t)
         do8 = tl.trans(tl.load(DO8T_bh + offs_d[:, None] * N + offs_m[None, :]))
-        dv += tl.dot(p8_t, do8, out_dtype=tl.int32).to(tl.float32) * (p_scale * tl.load(SDO_bh + i))
+        dv += int_to_float(tl.dot(p8_t, do8, out_dtype=tl.int32)) * (p_scale * tl.load(SDO_bh + i))
         do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
         dp_t = _dot16(v, tl.trans(do), DOT_F32)
         ds_t = p_t * (dp_t - tl.load(DELTA_bh + offs_m)[None, :])
         ds8_t, ds_scale = quantize_tile(ds_t)
         q8_cols = tl.trans(tl.load(Q8T_bh + offs_d[:, None] * N + offs_m[None, :]))
-        dk += tl.dot(ds8_t, q8_cols, out_dtype=tl.int32).to(tl.float32) * (ds_scale * q_scale)
+        dk += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * (ds_scale * q_scale)
         if SMOOTH_Q:   # the bias branch: colsum(dS_i)^T mu_i, from the unquantised dS
             dk += tl.sum(ds_t, axis=1)[:, None] * mu[None, :]
     return dk, dv
@@ -142,7 +142,7 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi,
         j = start_n // BLOCK_N
         k_scale = tl.load(SK_bh + j)
         k8 = tl.load(K8_bh + offs_n[:, None] * HEAD_DIM + offs_d[None, :])
-        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32) * (q_scale * k_scale)
+        s = int_to_float(tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)) * (q_scale * k_scale)
         if SMOOTH_Q:
             bias = smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kfn, stride_kfd, SMOOTH_K)
             s += (bias * bias_scale)[None, :]
@@ -154,7 +154,7 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi,
         ds = p * (dp - delta[:, None])
         ds8, ds_scale = quantize_tile(ds)
         k8_cols = tl.trans(tl.load(K8T_bh + offs_d[:, None] * N + offs_n[None, :]))
-        dq += tl.dot(ds8, k8_cols, out_dtype=tl.int32).to(tl.float32) * (ds_scale * k_scale)
+        dq += int_to_float(tl.dot(ds8, k8_cols, out_dtype=tl.int32)) * (ds_scale * k_scale)
     return dq
 
 
@@ -214,10 +214,10 @@ def _launch_settings(name: str, rows: int) -> dict:
 
 
 def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causal: bool,
-             smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int):
-    """dQ, dK, dV (B,H,N,D) in v's dtype. do and v may have any strides."""
+             smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None):
+    """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype). do and v may have any strides."""
     b, h, n, d = q8.shape
-    dq = torch.empty(b, h, n, d, device=q8.device, dtype=v.dtype)
+    dq = torch.empty(b, h, n, d, device=q8.device, dtype=out_dtype or v.dtype)
     dk = torch.empty_like(dq)
     dv = torch.empty_like(dq)
     smooth_q = mu_q is not None

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LN2, LOG2E, launch_settings, remember, round_half_even
+from ._common import LN2, LOG2E, int_to_float, launch_settings, remember, round_to_int8
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         j = start_n // BLOCK_N
         k8 = tl.load(K8_bh + offs_n[:, None] * HEAD_DIM + offs_d[None, :])
-        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32) * (q_scale * tl.load(SK_bh + j))
+        s = int_to_float(tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)) * (q_scale * tl.load(SK_bh + j))
         if SMOOTH_Q:
             bias = smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kn, stride_kd, SMOOTH_K)
             s += (bias * bias_scale)[None, :]
@@ -46,13 +46,13 @@ def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
         t = tl.max(s, axis=1)                              # tile row max; -inf if the row is fully masked
         t_safe = tl.where(t == float("-inf"), 0.0, t)
         p = tl.math.exp2(s - t_safe[:, None])              # P~ / exp(t - m): in [0, 1], 1 at the max
-        p8 = round_half_even(p * 127.0).to(tl.int8)
+        p8 = round_to_int8(p * 127.0)
         m_new = tl.maximum(m_i, t)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_safe)
         w = tl.math.exp2(t - m_safe)
         v8 = tl.trans(tl.load(V8T_bh + offs_d[:, None] * N + offs_n[None, :]))   # sequence-contiguous
-        pv = tl.dot(p8, v8, out_dtype=tl.int32).to(tl.float32)
+        pv = int_to_float(tl.dot(p8, v8, out_dtype=tl.int32))
         acc = acc * alpha[:, None] + pv * (w * (tl.load(SV_bh + j) * (1.0 / 127.0)))[:, None]
         l_i = l_i * alpha + w * tl.sum(p, axis=1)
         m_i = m_new

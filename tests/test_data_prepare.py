@@ -263,3 +263,13 @@ def test_parquet_chunks_cut_inside_and_across_row_groups(tmp_path, ranks, enc):
     meta = run_prepare(tmp_path / "src", tmp_path / "out", ranks, shard_mb=90 / 2**20, val_fraction=0)
     assert len(meta.splits["train"].shards) >= 5
     assert split_documents(tmp_path / "out", "train") == [enc.encode_ordinary(r) for r in rows]
+
+
+def test_concurrent_prepares_of_one_folder_wait_for_each_other(tmp_path, ranks):
+    """As when every rank of a job prepares the demo corpus at once."""
+    make_corpus(tmp_path / "src", n_txt=20, n_jsonl=200)
+    args = [sys.executable, "-m", "data_prep", "-q", "prepare", "--source", "dir", "--input", str(tmp_path / "src"),
+            "--out", str(tmp_path / "out"), "--ranks", str(ranks), "--shard-mb", str(500 / 2**20), "--workers", "1"]
+    procs = [subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    assert [p.wait() for p in procs] == [0, 0], [p.stderr.read() for p in procs]
+    assert cli_main(["verify", str(tmp_path / "out")]) == 0

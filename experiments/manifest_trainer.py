@@ -1,0 +1,105 @@
+"""The seam between manifests and the trainer: which run-config keys a manifest sets, and
+the command line that starts one training run.
+
+Every trainer key the manifest layer writes is named in TRAINER_KEYS, so when the trainer
+renames or adds a field the change is one line here. Keys marked planned are not in the
+run config yet (issue 5: DP x SP world, ZeRO, checkpoints); they are passed as soon as
+launcher.config accepts them, found by reading the config's own schema.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import typing
+from typing import Any
+
+import yaml
+
+TRAINER_MODULE = "launcher.train"
+
+# manifest concept -> trainer run-config key
+TRAINER_KEYS: dict[str, str] = {
+    "attention": "model.attention",
+    "qk_norm": "model.qk_norm",
+    "smoothing": "model.smoothing",
+    "micro_batch": "train.micro_batch_size",
+    "grad_accum": "train.grad_accum_steps",
+    "steps": "train.steps",
+    "warmup_steps": "schedule.warmup_steps",
+    "run_name": "tracking.run_name",
+    "experiment": "tracking.experiment",
+    # planned (issue 5):
+    "tps": "train.tokens_per_step",
+    "sp": "parallel.sp",
+    "zero_stage": "parallel.zero_stage",
+    "checkpoint_dir": "checkpoint.dir",
+}
+# The trainer flag that resumes from the newest checkpoint in checkpoint_dir (issue 5).
+RESUME_ARGS = ("--resume", "auto")
+
+# Keys the grid axes and the TPS layout own; a free override of one would break the
+# tokens-per-step arithmetic or the run's name.
+LAYOUT_OWNED_KEYS: dict[str, str] = {
+    TRAINER_KEYS[c]: source for c, source in {
+        "attention": "the attention axis", "qk_norm": "the qk_norm axis",
+        "smoothing": "the smoothing axis", "micro_batch": "parallel.micro_batch or the node",
+        "grad_accum": "the tps point and the node", "steps": "the tps point",
+        "warmup_steps": "the tps point", "run_name": "the grid", "tps": "the tps point",
+        "sp": "parallel.sp", "zero_stage": "parallel.zero_stage or the node",
+        "checkpoint_dir": "the run directory",
+    }.items()}
+
+
+def _schema_keys(model: Any, prefix: str = "") -> set[str]:
+    """Dotted keys of a pydantic model, descending into sections (also `Section | None`)."""
+    from pydantic import BaseModel
+
+    keys = set()
+    for name, field in model.model_fields.items():
+        keys.add(prefix + name)
+        for candidate in (field.annotation, *typing.get_args(field.annotation)):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                keys |= _schema_keys(candidate, f"{prefix}{name}.")
+    return keys
+
+
+@functools.cache
+def accepted_keys() -> frozenset[str]:
+    """Every dotted key the trainer's RunConfig has (imports torch via the model package)."""
+    from launcher.config import RunConfig
+
+    return frozenset(_schema_keys(RunConfig))
+
+
+def accepts(concept: str) -> bool:
+    return TRAINER_KEYS[concept] in accepted_keys()
+
+
+@functools.cache
+def resume_supported() -> bool:
+    """Whether `launcher.train` takes RESUME_ARGS (checkpoint + resume landed)."""
+    from launcher.train import parse_args
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            parse_args(["--config", "x.yaml", *RESUME_ARGS])
+    except SystemExit:
+        return False
+    return True
+
+
+def format_override(key: str, value: Any) -> str:
+    """('optimizer.lr', 3e-05) -> 'optimizer.lr=3.0e-05'; the trainer parses values as YAML,
+    so strings YAML would misread (e.g. 'true') come out quoted."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    text = text.removesuffix("\n...").removesuffix("...").strip()
+    return f"{key}={text}"
+
+
+def trainer_argv(base_config: str, overrides: list[str]) -> list[str]:
+    """Arguments after the Python interpreter (or torchrun) for one run."""
+    argv = ["-m", TRAINER_MODULE, "--config", base_config]
+    for item in overrides:
+        argv += ["--set", item]
+    return argv

@@ -234,6 +234,39 @@ def fp32_gap(shape, dtype, causal: bool) -> dict:
     return out
 
 
+def diagnose(shape=(1, 2, 4096, 64), dtype=torch.bfloat16, causal=False) -> dict:
+    """Where the kernel and the simulation part: the INT8 operands, the LSE, O per row, and O
+    with the compiler's fp contraction (a*b+c -> fma) switched off."""
+    from . import simulate
+    from .triton import _common, forward as kf, quantize as kq
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = [torch.randn(*shape, device="cuda", generator=gen).to(dtype) for _ in range(3)]
+    cfg = simulate.SageConfig(causal=causal)
+    o_sim, saved = simulate.forward(q.float(), k.float(), v.float(), cfg)
+    k_mean = kq.sequence_mean(k)
+    q8, _, s_q, _ = kq.quantize_blocks(q, 128)
+    k8, _, s_k, _ = kq.quantize_blocks(k, 64, mean=k_mean)
+    _, v8t, s_v, _ = kq.quantize_blocks(v, 64, rows=False, cols=True)
+    _, v_hat_sim, s_v_sim = (None, *simulate.quantize_row_blocks(v.float(), 64))
+    out = {"q8_mismatch": int((q8.float() != saved.q_hat).sum()), "k8_mismatch": int((k8.float() != saved.k_hat).sum()),
+           "v8_mismatch": int((v8t.transpose(-1, -2).float() != v_hat_sim).sum()),
+           "s_q_equal": bool(torch.equal(s_q, saved.s_q)), "s_k_equal": bool(torch.equal(s_k, saved.s_k)),
+           "s_v_equal": bool(torch.equal(s_v, s_v_sim)),
+           "k_mean_maxdiff": float((k_mean.view(shape[0], shape[1], -1) - k.float().mean(-2)).abs().max())}
+    for label, override in (("default", {}), ("no_fma", {"enable_fp_fusion": False})):
+        _common.LAUNCH_OVERRIDES.clear()
+        _common.LAUNCH_OVERRIDES["forward"] = override
+        o32, lse = kf.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=torch.float32, causal=causal, smooth_k=True,
+                              block_q=128, block_kv=64)
+        row_err = ((o32 - o_sim).norm(dim=-1) / o_sim.norm(dim=-1)).flatten()
+        out[label] = {"o_rel": _rel(o32, o_sim), "lse_maxdiff": float((lse - saved.lse).abs().max()),
+                      "rows_err_gt_1e-5": int((row_err > 1e-5).sum()), "rows": row_err.numel(),
+                      "row_err_max": float(row_err.max()), "row_err_median": float(row_err.median())}
+    _common.LAUNCH_OVERRIDES.clear()
+    print("diagnose", out, flush=True)
+    return out
+
+
 def check_correctness(quick: bool) -> dict:
     cases = [((2, 4, 4096, 64), torch.bfloat16, True, False), ((2, 4, 4096, 64), torch.bfloat16, False, False),
              ((2, 2, 4096, 128), torch.bfloat16, True, False), ((2, 2, 4096, 128), torch.float16, False, True),
@@ -316,12 +349,15 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="time num_warps/num_stages per kernel")
     ap.add_argument("--no-bench", action="store_true", help="skip the benchmark table")
     ap.add_argument("--quick", action="store_true", help="one shape, one mask (smoke test)")
+    ap.add_argument("--diagnose", action="store_true", help="where kernel and simulation part (fp32)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("sagebwd.bench needs a CUDA GPU", file=sys.stderr)
         return 2
     result = {"env": environment()}
     print(result["env"], flush=True)
+    if args.diagnose:
+        result["diagnose"] = [diagnose(), diagnose(shape=(1, 2, 4096, 128), causal=True)]
     if args.check:
         result["fp32_gap"] = [fp32_gap((2, 4, 4096, d), dt, True) for d in (64, 128)
                               for dt in (torch.bfloat16, torch.float16)]

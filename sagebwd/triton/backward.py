@@ -209,8 +209,10 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE, DELTA, DQ, MU, KF, KMEAN,
     tl.store(DQ + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty))
 
 
-def _launch_settings(name: str, rows: int) -> dict:
-    return launch_settings(name, dict(num_warps=8 if rows >= 128 else 4, num_stages=2))
+def _launch_settings(name: str, rows: int, head_dim: int) -> dict:
+    # Best of the sweep on an H200 (docs/kernel-notes.md): 8 warps only for d=128 with 128 rows.
+    warps = 8 if head_dim >= 128 or rows * head_dim >= 128 * 128 else 4
+    return launch_settings(name, dict(num_warps=warps, num_stages=2 if name == "dkdv" else 3))
 
 
 def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causal: bool,
@@ -229,9 +231,9 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
     remember("dkdv", _dkdv_kernel[(n // block_kv, b * h)](
         q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, dk, dv, mu, kf, k_mean,
         *v.stride(), *do.stride(), *kf.stride(), sm_scale, h, n,
-        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings("dkdv", block_kv)))
+        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings("dkdv", block_kv, d)))
     remember("dq", _dq_kernel[(n // block_q, b * h)](
         q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, mu, kf, k_mean,
         *v.stride(), *do.stride(), *kf.stride(), sm_scale, h, n,
-        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings("dq", block_q)))
+        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings("dq", block_q, d)))
     return dq, dk, dv

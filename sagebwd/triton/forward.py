@@ -108,8 +108,9 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
 
 
 def _launch_settings(block_m: int, head_dim: int) -> dict:
-    return launch_settings("forward", dict(num_warps=8 if block_m >= 128 else 4,
-                                           num_stages=3 if head_dim <= 64 else 2))
+    # Best of the sweep on an H200 (docs/kernel-notes.md): 4 warps for d=64, 8 for d=128; 3 stages.
+    warps = 8 if block_m * head_dim >= 128 * 128 else 4
+    return launch_settings("forward", dict(num_warps=warps, num_stages=3))
 
 
 def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool,

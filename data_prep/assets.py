@@ -179,10 +179,10 @@ def fetch_shakespeare(assets_dir: Path, downloads: Path) -> Path:
         shutil.rmtree(corpus_dir)  # damaged or partial: replace it
     try:
         staging.rename(corpus_dir)
-    except OSError:  # another process put a corpus there first
+    except OSError as e:  # another process put a corpus there first
         shutil.rmtree(staging)
         if not corpus_is_fetched(corpus_dir):
-            raise DataPrepError(f"{corpus_dir} is in the way and is not a complete corpus; delete it and retry.")
+            raise DataPrepError(f"{corpus_dir} is in the way and is not a complete corpus; delete it and retry.") from e
     log.info("demo corpus: %d works in %s", len(records), corpus_dir)
     return corpus_dir
 

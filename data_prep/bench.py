@@ -21,6 +21,7 @@ import platform
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -61,7 +62,14 @@ def build_corpus(root: Path, corpus_dir: Path, megabytes: float, files: int = 8)
     return written
 
 
-def run(megabytes: float, worker_counts: list[int], keep: Path | None, repeat: int) -> list[dict]:
+@dataclass
+class BenchResult:
+    runs: list[dict]  # one per worker count
+    planning_bytes_per_s: float
+    load_before: str  # the machine's load average before the runs: other jobs slow them down
+
+
+def run(megabytes: float, worker_counts: list[int], keep: Path | None, repeat: int) -> BenchResult:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     assets = default_assets_dir()
     fetch_assets(assets)
@@ -87,23 +95,22 @@ def run(megabytes: float, worker_counts: list[int], keep: Path | None, repeat: i
     started = time.perf_counter()
     make_plan(config, source_spec(config), GPT2_RANKS_SHA256)
     plan_rate = text_bytes / (time.perf_counter() - started)
-    rows.append({"planning_bytes_per_s": plan_rate})
-    rows.append({"load": load})
     if not keep:
         shutil.rmtree(work)
-    return rows
+    return BenchResult(rows, plan_rate, load)
 
 
-def report(rows: list[dict]) -> str:
-    runs, plan_rate, load = rows[:-2], rows[-2]["planning_bytes_per_s"], rows[-1]["load"]
+def report(result: BenchResult) -> str:
+    runs, plan_rate = result.runs, result.planning_bytes_per_s
     lines = [f"machine: {platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()}), "
-             f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, load average {load} before the runs",
+             f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, load average {result.load_before} before",
              "",
              "| workers | text MiB | tokens | chunks | seconds | tokens/s | MiB/s | tokens/s per worker |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         lines.append(f"| {r['workers']} | {r['MiB']:.0f} | {r['tokens']:,} | {r['chunks']} | {r['seconds']:.1f} | "
-                     f"{r['tok_per_s'] / 1e6:.2f} M | {r['MiB_per_s']:.1f} | {r['tok_per_s'] / r['workers'] / 1e6:.2f} M |")
+                     f"{r['tok_per_s'] / 1e6:.2f} M | {r['MiB_per_s']:.1f} | "
+                     f"{r['tok_per_s'] / r['workers'] / 1e6:.2f} M |")
     plan_min = OWT_BYTES / plan_rate / 60
     lines += ["",
               f"planning (serial, reads every .jsonl line once): {plan_rate / 2**20:.0f} MiB/s "
@@ -113,8 +120,8 @@ def report(rows: list[dict]) -> str:
     for r in runs:
         by_tokens = OWT_TOKENS / (r["tok_per_s"] / r["workers"] * TARGET_NODE_CORES) / 60
         by_bytes = OWT_BYTES / (r["MiB_per_s"] * 2**20 / r["workers"] * TARGET_NODE_CORES) / 60
-        lines.append(f"  from the {r['workers']}-worker rate: {by_tokens:.0f} min by tokens/s, "
-                     f"{by_bytes:.0f} min by bytes/s")
+        lines.append(f"  from the {r['workers']}-worker rate: {by_tokens:.1f} min by tokens/s, "
+                     f"{by_bytes:.1f} min by bytes/s")
     return "\n".join(lines)
 
 

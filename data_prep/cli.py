@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--shard-mb", type=float, help="MiB of source text per shard (default 128)")
     prep.add_argument("--on-bad-utf8", choices=["error", "replace"],
                       help="bytes that are not UTF-8: stop (default), or replace them with U+FFFD and count")
-    prep.add_argument("--ranks", type=Path, help="GPT-2 ranks file (default: $SAGEBWD_GPT2_RANKS, the fetched asset, tiktoken)")
+    prep.add_argument("--ranks", type=Path,
+                      help="GPT-2 ranks file (default: $SAGEBWD_GPT2_RANKS, the fetched asset, tiktoken)")
     prep.add_argument("--hf-split", help="hf: the split to read (default 'train')")
     prep.add_argument("--hf-config", help="hf: the dataset configuration name")
     prep.add_argument("--hf-revision", help="hf: a hub revision (default: main; refs/convert/parquet is "

@@ -22,7 +22,7 @@ from .files import write_json_atomically
 from .meta import SPLITS, TOKEN_BYTES
 from .plan import PROGRESS_DIR, Chunk
 from .sources import SourceSpec, read_segment
-from .tokenizer import EOT_TOKEN, RanksSource
+from .tokenizer import EOT_TOKEN, RanksSource, ranks_sha256
 
 UTF8_HELP = ("Fix the file, or pass --on-bad-utf8 replace to substitute U+FFFD for the bad bytes "
              "(each such document is counted in the log and in meta.json).")
@@ -74,8 +74,6 @@ _encoding = None
 def init_worker(context: WorkerContext) -> None:
     """Pool initializer: load the encoding once per process (about 0.2 s)."""
     global _context, _encoding
-    from .tokenizer import ranks_sha256
-
     _context = context
     _encoding = context.ranks.load()
     if ranks_sha256(_encoding) != context.ranks_sha256:

@@ -320,11 +320,6 @@ def _import(module: str):
                             + HOW_TO_INSTALL_DATA_EXTRA) from e
 
 
-def fingerprint(spec: SourceSpec) -> list[dict[str, Any]]:
-    """What must not change between a run and its resumption (sizes and times, not contents)."""
-    return spec.units
-
-
 def describe_units(spec: SourceSpec) -> str:
     if spec.kind == "hf":
         return f"dataset {spec.input} ({spec.units[0]['rows']} rows)"

@@ -66,8 +66,8 @@ def test_windows_are_contiguous_shifted_pairs(train):
 def test_same_seed_same_stream_other_seed_other_stream(train):
     a, b, c = (BatchLoader(train, SEQ, 4, seed=s) for s in (7, 7, 8))
     batches_a, batches_b, batches_c = take(a, 20), take(b, 20), take(c, 20)
-    assert all(torch.equal(x[0], y[0]) for x, y in zip(batches_a, batches_b))
-    assert not all(torch.equal(x[0], y[0]) for x, y in zip(batches_a, batches_c))
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(batches_a, batches_b, strict=True))
+    assert not all(torch.equal(x[0], y[0]) for x, y in zip(batches_a, batches_c, strict=True))
 
 
 def test_an_epoch_visits_every_window_once_then_reshuffles(train):
@@ -102,7 +102,7 @@ def test_sp_group_shares_a_sample_and_dp_groups_do_not(train):
     assert coords == [(0, 2), (0, 2), (1, 2), (1, 2)]
     loaders = [BatchLoader(train, SEQ, 4, seed=3, dp_rank=d, dp_world=w) for d, w in coords]
     for _ in range(30):
-        batches = [l.next_batch() for l in loaders]
+        batches = [loader.next_batch() for loader in loaders]
         assert torch.equal(batches[0][0], batches[1][0]) and torch.equal(batches[2][1], batches[3][1])
         assert not set(starts_of(batches[0])) & set(starts_of(batches[2]))
     with pytest.raises(DataPrepError, match="not a multiple"):
@@ -115,7 +115,10 @@ def test_resume_is_exact(train, world_size, sp_size):
     with the save just before an epoch boundary so that the resumed run crosses it."""
     for rank in range(world_size):
         dp_rank, dp_world = data_parallel_coords(rank, world_size, sp_size)
-        make = lambda: BatchLoader(train, SEQ, batch_size=5, seed=11, dp_rank=dp_rank, dp_world=dp_world)
+
+        def make(dp_rank=dp_rank, dp_world=dp_world):
+            return BatchLoader(train, SEQ, batch_size=5, seed=11, dp_rank=dp_rank, dp_world=dp_world)
+
         uninterrupted = make()
         before_save = uninterrupted.steps_per_epoch - 3
         reference = take(uninterrupted, before_save + 10)
@@ -151,7 +154,7 @@ def test_val_loader_is_fixed_and_partitioned(data_dir):
     capped_starts = [s for b in capped for s in starts_of(b)]
     assert len(capped) == 3 and capped_starts[-1] > len(val) / 2  # spread over the split
     ranks = [ValLoader(val, SEQ, 2, dp_rank=r, dp_world=2, max_batches=3) for r in range(2)]
-    for r0, r1, whole in zip(*ranks, capped):
+    for r0, r1, whole in zip(*ranks, capped, strict=True):
         assert starts_of(r0) + starts_of(r1) == starts_of(whole)
 
 

@@ -2,7 +2,6 @@
 --max-chunks or SIGKILL, verify, and clear errors on bad input."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -230,7 +229,7 @@ def test_missing_text_field_and_bad_settings_are_clear(tmp_path, ranks):
     with pytest.raises(DataPrepError, match=r"c.parquet has no column 'body' \(columns: \['text'\]\).*--text-field"):
         run_prepare(tmp_path / "src", tmp_path / "out", ranks, text_field="body")
     (tmp_path / "src" / "c.parquet").unlink()
-    with pytest.raises(DataPrepError, match=r"b.jsonl \(line at byte 0\) has no field 'body' \(it has \['text', 'id'\]\)"):
+    with pytest.raises(DataPrepError, match=r"b.jsonl \(line at byte 0\) has no field 'body' \(it has \['text', 'id'"):
         run_prepare(tmp_path / "src", tmp_path / "out1", ranks, text_field="body")
     with pytest.raises(DataPrepError, match="--val-fraction: Input should be less than or equal to 0.5"):
         run_prepare(tmp_path / "src", tmp_path / "out", ranks, val_fraction=0.9)

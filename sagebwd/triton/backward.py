@@ -209,10 +209,12 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE, DELTA, DQ, MU, KF, KMEAN,
     tl.store(DQ + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty))
 
 
-def _launch_settings(name: str, rows: int, head_dim: int) -> dict:
-    # Best of the sweep on an H200 (docs/kernel-notes.md): 8 warps only for d=128 with 128 rows.
+def _launch_settings(name: str, rows: int, head_dim: int, stage_bytes: int) -> dict:
+    # Best of the sweep on an H200 (docs/kernel-notes.md): 8 warps only for d=128 with 128 rows;
+    # pipeline depth as the loop's per-stage tiles fit in ~160 KB of shared memory.
     warps = 8 if head_dim >= 128 or rows * head_dim >= 128 * 128 else 4
-    return launch_settings(name, dict(num_warps=warps, num_stages=2 if name == "dkdv" else 3))
+    stages = max(1, min(2 if name == "dkdv" else 3, 160 * 1024 // stage_bytes))
+    return launch_settings(name, dict(num_warps=warps, num_stages=stages))
 
 
 def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causal: bool,
@@ -231,9 +233,9 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
     remember("dkdv", _dkdv_kernel[(n // block_kv, b * h)](
         q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, dk, dv, mu, kf, k_mean,
         *v.stride(), *do.stride(), *kf.stride(), sm_scale, h, n,
-        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings("dkdv", block_kv, d)))
+        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings("dkdv", block_kv, d, 5 * block_q * d)))
     remember("dq", _dq_kernel[(n // block_q, b * h)](
         q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, mu, kf, k_mean,
         *v.stride(), *do.stride(), *kf.stride(), sm_scale, h, n,
-        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings("dq", block_q, d)))
+        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings("dq", block_q, d, 4 * block_kv * d)))
     return dq, dk, dv

@@ -246,14 +246,21 @@ def _load_from_hub(datasets, spec: SourceSpec):
     """load_dataset where the hub is reachable, e.g. Skylion007/openwebtext (8M documents, ~40 GB)."""
     kwargs = {"split": spec.hf_split, "num_proc": spec.load_workers if spec.load_workers > 1 else None}
     try:
-        return datasets.load_dataset(spec.input, spec.hf_config, revision=spec.hf_revision, **kwargs)
-    except RuntimeError as e:
-        if "scripts are no longer supported" not in str(e) or spec.hf_revision is not None:
-            raise
-        log.warning("%s ships a loading script, which this `datasets` does not run; reading the hub's "
-                    "Parquet export (revision %s) instead", spec.input, PARQUET_EXPORT_REVISION)
-        spec.hf_revision = PARQUET_EXPORT_REVISION
-        return datasets.load_dataset(spec.input, spec.hf_config, revision=spec.hf_revision, **kwargs)
+        try:
+            return datasets.load_dataset(spec.input, spec.hf_config, revision=spec.hf_revision, **kwargs)
+        except RuntimeError as e:
+            if "scripts are no longer supported" not in str(e) or spec.hf_revision is not None:
+                raise
+            log.warning("%s ships a loading script, which this `datasets` does not run; reading the hub's "
+                        "Parquet export (revision %s) instead", spec.input, PARQUET_EXPORT_REVISION)
+            spec.hf_revision = PARQUET_EXPORT_REVISION
+            return datasets.load_dataset(spec.input, spec.hf_config, revision=spec.hf_revision, **kwargs)
+    except Exception as e:  # network, missing dataset, bad config: all end here for one clear message
+        raise DataPrepError(
+            f"could not load the dataset {spec.input!r} (config {spec.hf_config!r}, split {spec.hf_split!r}, "
+            f"revision {spec.hf_revision!r}) from the HuggingFace hub: {type(e).__name__}: {str(e)[:300]}\n"
+            "Check the name (OpenWebText is Skylion007/openwebtext) and the network; offline, pass --input "
+            "a folder written by Dataset.save_to_disk, or use --source dir on its .parquet/.jsonl files.") from e
 
 
 def _hf_units(spec: SourceSpec) -> list[dict[str, Any]]:

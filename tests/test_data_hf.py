@@ -2,6 +2,9 @@
 OpenWebText has): same shards as the same documents read from .jsonl, in parallel too."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -61,3 +64,13 @@ def test_hf_source_errors_are_clear(tmp_path, ranks, hf_dir):
         run(ranks, source="hf", input=str(hf_dir), out=tmp_path / "a", hf_split="validation")
     with pytest.raises(DataPrepError, match=r"no column 'body' \(columns: \['text'\]\)"):
         run(ranks, source="hf", input=str(hf_dir), out=tmp_path / "b", text_field="body")
+
+def test_hub_dataset_that_cannot_be_loaded_says_what_to_do(tmp_path, ranks):
+    # HF_HUB_OFFLINE: the same failure as a machine without internet, without 25 s of retries.
+    result = subprocess.run(
+        [sys.executable, "-m", "data_prep", "prepare", "--source", "hf", "--input", "sagebwd-tests/no-such-dataset",
+         "--out", str(tmp_path / "out"), "--ranks", str(ranks)],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2
+    assert "error: could not load the dataset 'sagebwd-tests/no-such-dataset'" in result.stderr
+    assert "save_to_disk" in result.stderr and "Traceback" not in result.stderr

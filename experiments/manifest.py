@@ -119,6 +119,9 @@ class CommandManifest(Strict):
     command: list[str] = Field(min_length=1)
     gpus: int = Field(1, ge=0, description="GPUs the command uses (ignored on CPU nodes)")
     inputs: dict[Label, str] = Field(default_factory=dict, description="files that must exist")
+    # The command saves its state on SIGUSR1, exits, and continues when started again: Slurm
+    # jobs then requeue themselves before the time limit, like training runs do.
+    resumes_on_signal: bool = False
     # Each block maps axis -> {label: extra arguments}; a cell takes one label per axis.
     grid: list[dict[Name, dict[Label, list[str]]]] = Field(default_factory=lambda: [{}], min_length=1)
 

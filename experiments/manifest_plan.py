@@ -46,6 +46,7 @@ class RunSpec:
     steps: int | None = None
     tps: int | None = None
     est_hours: float | None = None   # wall hours at the assumed MFU, None without a peak
+    resumes_on_signal: bool = False  # commands only; for training the trainer's --resume decides
 
     @property
     def world(self) -> int:
@@ -214,7 +215,8 @@ def _plan_command(plan: Plan, manifest: CommandManifest, check_paths: bool) -> l
             problems.append(("command[0]", "must be {python}: jobs run the project's interpreter"))
             break
         plan.runs.append(RunSpec(name=cell.name, kind="command", axes=cell.axes, argv=tuple(argv),
-                                 run_dir=run_dir, gpus_per_node=gpus))
+                                 run_dir=run_dir, gpus_per_node=gpus,
+                                 resumes_on_signal=manifest.resumes_on_signal))
     return problems
 
 

@@ -153,7 +153,7 @@ def train(config: RunConfig, *, say: Callable[[str], None] = print) -> RunResult
                 if "eval_loss" in metrics:
                     line += f" eval_loss {metrics['eval_loss']:.4f}"
                 say(line)
-        status = "FINISHED"
+        status = "FAILED" if result.diverged_at else "FINISHED"
     finally:
         result.wall_s = time.perf_counter() - started
         steps_done = len(result.train_loss)

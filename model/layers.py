@@ -15,9 +15,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 so bf16 activations do not lose the small-variance channels.
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+        # Normalise in fp32 so bf16 activations do not lose the small-variance channels, and
+        # return the input dtype: under autocast an fp32 scale must not promote q/k to fp32
+        # while v stays bf16 (the attention kernels need one dtype).
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).type_as(x)
 
 
 class RotaryEmbedding(nn.Module):

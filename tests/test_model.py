@@ -179,3 +179,12 @@ def test_loss_drops_over_30_steps(attention, smoothing):
         losses.append(loss.item())
     assert losses[0] == pytest.approx(6.24, abs=0.3)  # ~ln(512): uniform at init
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_bf16_autocast_hands_the_attention_call_one_dtype(monkeypatch):
+    """Mixed precision: q, k (through QK-norm's fp32 scale) and v must all arrive as bf16."""
+    model = Llama(micro(qk_norm=True))
+    seen = _capture_core_inputs(model, monkeypatch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randint(0, 512, (1, 64)))
+    assert {t.dtype for t in seen[0]} == {torch.bfloat16}

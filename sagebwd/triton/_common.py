@@ -11,6 +11,7 @@ import os
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 LOG2E = tl.constexpr(1.4426950408889634)   # kernels may read only constexpr globals
 LN2 = tl.constexpr(0.6931471805599453)
@@ -40,6 +41,9 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+INTERPRETING = tl.constexpr(interpreting())   # fixed at import, like Triton's own reading of the variable
+
+
 # Hopper converts int <-> float at 16 per clock per SM (1/8 of its fp32 rate), and every score
 # tile needs three such conversions per element; these exact bit tricks use full-rate adds.
 # Adding 1.5 * 2**23 to a float with |x| < 2**22 leaves no fraction bits, so the FPU rounds it to
@@ -47,6 +51,21 @@ def interpreting() -> bool:
 # low mantissa bits: bits(x + 1.5 * 2**23) = 0x4B400000 + round(x).
 MAGIC_F = tl.constexpr(12582912.0)   # 1.5 * 2**23
 MAGIC_I = tl.constexpr(0x4B400000)   # its bit pattern
+
+
+@triton.jit
+def mul_rn(a, b):
+    """a * b rounded to fp32 on its own, as the contract's round(x * inv) reads.
+
+    The GPU compiler contracts `a * b + c` into one fma, which rounds the exact product: with
+    bf16 inputs x / amax is often a short dyadic fraction, x * inv then lands on a .5 tie after
+    fp32 rounding but just below it exactly, and the fma path rounds the other way (measured:
+    ~7e-4 of Q^ and V^ entries on an H200). The interpreter may hold the product in fp64; the
+    cast rounds it to fp32 (an fp64 product of two fp32 values is exact).
+    """
+    if INTERPRETING:
+        return (a * b).to(tl.float32)
+    return libdevice.mul_rn(a, b)
 
 
 @triton.jit
@@ -75,4 +94,4 @@ def quantize_tile(x):
     """Per-tile INT8 of a 2-D fp32 tile: returns (int8 tile, scale)."""
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     scale, inv = block_scales(amax)
-    return round_to_int8(x * inv), scale
+    return round_to_int8(mul_rn(x, inv)), scale

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LN2, LOG2E, int_to_float, launch_settings, remember, round_to_int8
+from ._common import LN2, LOG2E, int_to_float, launch_settings, mul_rn, remember, round_to_int8
 
 
 @triton.jit
@@ -46,7 +46,7 @@ def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
         t = tl.max(s, axis=1)                              # tile row max; -inf if the row is fully masked
         t_safe = tl.where(t == float("-inf"), 0.0, t)
         p = tl.math.exp2(s - t_safe[:, None])              # P~ / exp(t - m): in [0, 1], 1 at the max
-        p8 = round_to_int8(p * 127.0)
+        p8 = round_to_int8(mul_rn(p, 127.0))
         m_new = tl.maximum(m_i, t)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_safe)

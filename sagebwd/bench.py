@@ -367,21 +367,27 @@ def kernel_report() -> dict:
 
 
 def sweep(shapes) -> list[dict]:
+    """Backward time for dK/dV variants: kv blocks per program x (num_warps, num_stages).
+
+    (The per-kernel num_warps/num_stages sweep that set the defaults is in docs/kernel-notes.md.)
+    """
     from .triton._common import LAUNCH_OVERRIDES
+    variants = [(1, None), (2, dict(num_warps=8, num_stages=2)), (2, dict(num_warps=8, num_stages=1)),
+                (2, dict(num_warps=4, num_stages=2))]
     out = []
     for shape in shapes:
-        for name, mode in (("forward", "fwd"), ("dkdv", "bwd"), ("dq", "bwd")):
-            for warps in (4, 8):
-                for stages in (1, 2, 3, 4):
-                    LAUNCH_OVERRIDES.clear()
-                    LAUNCH_OVERRIDES[name] = dict(num_warps=warps, num_stages=stages)
-                    try:
-                        r = time_impl("sage", shape, True, mode)
-                    except Exception as err:  # noqa: BLE001  (e.g. out of shared memory)
-                        r = {"ms": None, "error": str(err).splitlines()[0][:200]}
-                    out.append({"shape": list(shape), "kernel": name, "num_warps": warps, "num_stages": stages, **r})
-                    print(f"sweep {tuple(shape)} causal {name} warps={warps} stages={stages}: {r.get('ms')}",
-                          flush=True)
+        for kv_tiles, launch in variants:
+            LAUNCH_OVERRIDES.clear()
+            LAUNCH_OVERRIDES["dkdv_kv_tiles"] = kv_tiles
+            if launch:
+                LAUNCH_OVERRIDES["dkdv"] = launch
+            try:
+                r = time_impl("sage", shape, True, "bwd")
+            except Exception as err:  # noqa: BLE001  (e.g. out of shared memory)
+                r = {"ms": None, "error": str(err).splitlines()[0][:200]}
+            out.append({"shape": list(shape), "kv_tiles": kv_tiles, "launch": launch, **r})
+            print(f"sweep {tuple(shape)} causal bwd dkdv kv_tiles={kv_tiles} {launch or 'default'}: {r.get('ms')}",
+                  flush=True)
     LAUNCH_OVERRIDES.clear()
     return out
 

@@ -33,7 +33,8 @@ def remember(name: str, compiled) -> None:
 def launch_settings(name: str, default: dict) -> dict:
     if interpreting():
         return dict(num_warps=1, num_stages=1)
-    return {**default, **LAUNCH_OVERRIDES.get(name, {})}
+    override = LAUNCH_OVERRIDES.get(name, {})
+    return {**default, **(override if isinstance(override, dict) else {})}
 
 
 def interpreting() -> bool:
@@ -95,3 +96,18 @@ def quantize_tile(x):
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     scale, inv = block_scales(amax)
     return round_to_int8(mul_rn(x, inv)), scale
+
+
+@triton.jit
+def quantize_row_groups(x, GROUPS: tl.constexpr):
+    """Per-tile INT8 of a 2-D fp32 tile made of GROUPS tiles stacked along its rows.
+
+    Returns (int8 tile, per-row scale): each row carries its own tile's scale.
+    """
+    ROWS: tl.constexpr = x.shape[0]
+    row_max = tl.max(tl.abs(x), axis=1)
+    tile_max = tl.max(tl.reshape(row_max, (GROUPS, ROWS // GROUPS)), axis=1)
+    scale, inv = block_scales(tile_max)
+    inv_rows = tl.reshape(tl.broadcast_to(inv[:, None], (GROUPS, ROWS // GROUPS)), (ROWS,))
+    scale_rows = tl.reshape(tl.broadcast_to(scale[:, None], (GROUPS, ROWS // GROUPS)), (ROWS,))
+    return round_to_int8(mul_rn(x, inv_rows[:, None])), scale_rows

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LOG2E, int_to_float, interpreting, launch_settings, quantize_tile, remember
+from ._common import LAUNCH_OVERRIDES, LOG2E, int_to_float, interpreting, launch_settings, quantize_row_groups, quantize_tile, remember
 from .forward import smooth_q_bias
 
 
@@ -37,15 +37,16 @@ def _dot16(a, b, DOT_F32: tl.constexpr):
 def _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, lo, hi,
                 Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh,
                 stride_don, stride_dod, k_scale, bias_scale, N,
-                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, KV_TILES: tl.constexpr, MASKED: tl.constexpr,
                 SMOOTH_Q: tl.constexpr, DOT_F32: tl.constexpr):
+    # k_scale is per row (each row's kv block scale): a program may hold KV_TILES kv blocks.
     offs_d = tl.arange(0, HEAD_DIM)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         i = start_m // BLOCK_M
         q_scale = tl.load(SQ_bh + i)
         q8 = tl.load(Q8_bh + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
-        s_t = int_to_float(tl.dot(k8, tl.trans(q8), out_dtype=tl.int32)) * (k_scale * q_scale)
+        s_t = int_to_float(tl.dot(k8, tl.trans(q8), out_dtype=tl.int32)) * (k_scale * q_scale)[:, None]
         if SMOOTH_Q:
             mu = tl.load(MU_bh + i * HEAD_DIM + offs_d)
             s_t += (tl.sum(ksm * mu[None, :], axis=1) * bias_scale)[:, None]
@@ -53,15 +54,15 @@ def _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, lo, hi,
         p_t = tl.math.exp2(s_t - lse[None, :])
         if MASKED:
             p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
-        p8_t, p_scale = quantize_tile(p_t)
+        p8_t, p_scale = quantize_row_groups(p_t, KV_TILES)
         do8 = tl.trans(tl.load(DO8T_bh + offs_d[:, None] * N + offs_m[None, :]))
-        dv += int_to_float(tl.dot(p8_t, do8, out_dtype=tl.int32)) * (p_scale * tl.load(SDO_bh + i))
+        dv += int_to_float(tl.dot(p8_t, do8, out_dtype=tl.int32)) * (p_scale * tl.load(SDO_bh + i))[:, None]
         do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
         dp_t = _dot16(v, tl.trans(do), DOT_F32)
         ds_t = p_t * (dp_t - tl.load(DELTA_bh + offs_m)[None, :])
-        ds8_t, ds_scale = quantize_tile(ds_t)
+        ds8_t, ds_scale = quantize_row_groups(ds_t, KV_TILES)
         q8_cols = tl.trans(tl.load(Q8T_bh + offs_d[:, None] * N + offs_m[None, :]))
-        dk += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * (ds_scale * q_scale)
+        dk += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * (ds_scale * q_scale)[:, None]
         if SMOOTH_Q:   # the bias branch: colsum(dS_i)^T mu_i, from the unquantised dS
             dk += tl.sum(ds_t, axis=1)[:, None] * mu[None, :]
     return dk, dv
@@ -73,9 +74,10 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, DK, DV, MU, 
                  stride_dob, stride_doh, stride_don, stride_dod,
                  stride_kfb, stride_kfh, stride_kfn, stride_kfd,
                  sm_scale, H, N,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
                  CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr,
                  DOT_F32: tl.constexpr):
+    """BLOCK_N kv rows per program: BLOCK_N // KV_BLOCK quantisation blocks, each with its own scales."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -86,7 +88,7 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, DK, DV, MU, 
     seq_base = bh.to(tl.int64) * N * HEAD_DIM
     k8 = tl.load(K8 + seq_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :])
     v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
-    k_scale = tl.load(SK + bh * (N // BLOCK_N) + pid_n) * (sm_scale * LOG2E)
+    k_scale = tl.load(SK + bh * (N // KV_BLOCK) + offs_n // KV_BLOCK) * (sm_scale * LOG2E)
     if SMOOTH_Q:
         ksm = tl.load(KF + b * stride_kfb + h * stride_kfh
                       + offs_n[:, None] * stride_kfn + offs_d[None, :] * stride_kfd).to(tl.float32)
@@ -115,16 +117,16 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, DK, DV, MU, 
         dk, dv = _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, lo, mask_hi,
                              Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh,
                              stride_don, stride_dod, k_scale, bias_scale, N,
-                             BLOCK_M, HEAD_DIM, True, SMOOTH_Q, DOT_F32)
+                             BLOCK_M, HEAD_DIM, BLOCK_N // KV_BLOCK, True, SMOOTH_Q, DOT_F32)
         dk, dv = _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, mask_hi, N,
                              Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh,
                              stride_don, stride_dod, k_scale, bias_scale, N,
-                             BLOCK_M, HEAD_DIM, False, SMOOTH_Q, DOT_F32)
+                             BLOCK_M, HEAD_DIM, BLOCK_N // KV_BLOCK, False, SMOOTH_Q, DOT_F32)
     else:
         dk, dv = _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, 0, N,
                              Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh,
                              stride_don, stride_dod, k_scale, bias_scale, N,
-                             BLOCK_M, HEAD_DIM, False, SMOOTH_Q, DOT_F32)
+                             BLOCK_M, HEAD_DIM, BLOCK_N // KV_BLOCK, False, SMOOTH_Q, DOT_F32)
     out = seq_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty))
     tl.store(DV + out, dv.to(DV.dtype.element_ty))
@@ -230,10 +232,15 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
     k_mean = k_mean if (smooth_q and smooth_k) else s_q
     sm_scale = 1.0 / math.sqrt(d)
     flags = dict(HEAD_DIM=d, CAUSAL=causal, SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, DOT_F32=interpreting())
-    remember("dkdv", _dkdv_kernel[(n // block_kv, b * h)](
+    # kv blocks per dK/dV program (each keeps its own P/dS scales); 1 unless the sweep overrides.
+    kv_tiles = LAUNCH_OVERRIDES.get("dkdv_kv_tiles", 1)
+    kv_tiles = kv_tiles if n % (kv_tiles * block_kv) == 0 and kv_tiles * block_kv <= 256 else 1
+    rows = kv_tiles * block_kv
+    remember("dkdv", _dkdv_kernel[(n // rows, b * h)](
         q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, dk, dv, mu, kf, k_mean,
         *v.stride(), *do.stride(), *kf.stride(), sm_scale, h, n,
-        BLOCK_M=block_q, BLOCK_N=block_kv, **flags, **_launch_settings("dkdv", block_kv, d, 5 * block_q * d)))
+        BLOCK_M=block_q, BLOCK_N=rows, KV_BLOCK=block_kv, **flags,
+        **_launch_settings("dkdv", rows, d, 5 * block_q * d)))
     remember("dq", _dq_kernel[(n // block_q, b * h)](
         q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, mu, kf, k_mean,
         *v.stride(), *do.stride(), *kf.stride(), sm_scale, h, n,

@@ -1,0 +1,44 @@
+"""The comparison as a Markdown file: source, table, column meanings, figures, run ids."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.compare_table import CellRow, column_notes, format_table
+
+MATCH_RULE = ("Matching FPA cell: same TPS and variant; QK-norm and smoothing only apply to "
+              "SageBwd, so they do not take part (with several FPA cells at one TPS, the one "
+              "with the same QK-norm is used).")
+
+
+def missing_metric_notes(rows: list[CellRow]) -> list[str]:
+    """Columns no run could fill, so a reader knows a dash is "not logged", not zero."""
+    started = [row for row in rows if row.record.run_id]
+    notes = []
+    if started and all(row.mfu is None for row in started):
+        notes.append("MFU: no run logs an `mfu` metric yet")
+    if started and all(not row.record.eval_loss for row in started):
+        notes.append("best eval: no run has logged `eval_loss` yet")
+    if started and all(row.record.total_steps is None for row in started):
+        notes.append("steps: no run logged its total (`train.steps` param)")
+    return notes
+
+
+def write_report(rows: list[CellRow], path: Path, *, scope: str, tracking_uri: str,
+                 experiment: str, report_run_id: str | None, figures: list[Path], last_k: int,
+                 notes: list[str], ui_lines: list[str]) -> Path:
+    lines = [f"# SageBwd vs FPA: {scope}", "",
+             f"MLflow store `{tracking_uri}`, experiment `{experiment}`"
+             + (f", report logged on run `{report_run_id}`." if report_run_id else "."), "",
+             format_table(rows), "", column_notes(last_k), MATCH_RULE, ""]
+    all_notes = notes + missing_metric_notes(rows) + [
+        f"{row.record.name}: {note}" for row in rows for note in row.record.notes]
+    if all_notes:
+        lines += ["Notes:", *[f"- {note}" for note in all_notes], ""]
+    lines += [f"![{figure.stem}]({figure.name})" for figure in figures]
+    lines += ["", "## Runs", ""]
+    lines += [f"- {row.record.name}: `{row.record.run_id}`" if row.record.run_id
+              else f"- {row.record.name}: not started" for row in rows]
+    lines += ["", "## Open in the MLflow UI", "", *[f"- {line}" for line in ui_lines], ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+    return path

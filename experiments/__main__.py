@@ -12,6 +12,7 @@ import sys
 SUBCOMMANDS = {
     "expand": "experiments.manifest_expand",
     "run": "experiments.manifest_run",
+    "compare": "experiments.compare",
 }
 
 

@@ -1,0 +1,169 @@
+"""The comparison as a pure function of run records: exact numbers, the FPA match rule,
+the table text, which figures a grid gets, and the tag names shared with the trainer."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from experiments.compare_figures import (ALL_CELLS_VIEW, QK_NORM_VIEW, SMOOTHING_VIEW, ema,
+                                         views_for, write_figures)
+from experiments.compare_records import (PARAM_TOTAL_STEPS, PENDING, TAG_ATTENTION,
+                                         TAG_QK_NORM, TAG_SMOOTHING, TAG_TOKENS_PER_STEP,
+                                         CellAxes, RunRecord)
+from experiments.compare_table import compare, format_table, matching_fpa
+from experiments.manifest import REPO_ROOT
+
+TPS_BIG, TPS_SMALL = 2097152, 262144
+
+
+def axes(attention="sagebwd", qk_norm=True, smoothing="k", tps=TPS_BIG, variant=None,
+         label=None) -> CellAxes:
+    return CellAxes(attention, qk_norm, smoothing if attention == "sagebwd" else "none", tps,
+                    label, variant)
+
+
+def line(start: float, slope: float, steps: range) -> tuple[tuple[int, float], ...]:
+    """Losses that are exact in binary floating point, so sums and means compare with ==."""
+    return tuple((s, start + slope * s) for s in steps)
+
+
+def record(name, cell_axes, *, status="FINISHED", loss=(), eval_loss=(), tokens_per_s=(),
+           mfu=(), total=16, diverged_at=None) -> RunRecord:
+    return RunRecord(name, cell_axes, status, run_id=None if status == PENDING else name,
+                     total_steps=total, loss=loss, eval_loss=eval_loss,
+                     tokens_per_s=tokens_per_s, mfu=mfu, diverged_at=diverged_at)
+
+
+def grid() -> list[RunRecord]:
+    """A main-like grid; listed out of order on purpose."""
+    return [
+        record("small-sage", axes(tps=TPS_SMALL), status="RUNNING",
+               loss=line(5.0, -0.125, range(1, 9)), total=32),
+        record("big-sage-noqk", axes(qk_norm=False), status="FAILED",
+               loss=line(4.0, -0.125, range(1, 10)) + ((10, math.nan),)),
+        record("big-sage", axes(), loss=line(4.25, -0.125, range(1, 17)),
+               eval_loss=((8, 3.5), (16, math.nan))),
+        record("big-fpa", axes("fpa"), loss=line(4.0, -0.125, range(1, 17)),
+               eval_loss=((8, 3.25), (16, 2.5)), tokens_per_s=((1, 10.0), (2, 4000.0), (3, 2000.0)),
+               mfu=((1, 0.5), (2, 0.25))),
+        record("small-fpa", axes("fpa", tps=TPS_SMALL), status="RUNNING",
+               loss=line(5.0, -0.25, range(1, 13)), total=32),
+        record("small-sage-noqk", axes(qk_norm=False, tps=TPS_SMALL), status=PENDING, total=32),
+    ]
+
+
+def test_rows_are_in_paper_order_with_exact_numbers():
+    rows = {row.record.name: row for row in compare(grid(), last_k=4)}
+    assert list(rows) == ["big-fpa", "big-sage", "big-sage-noqk", "small-fpa", "small-sage",
+                          "small-sage-noqk"]
+    fpa, sage, noqk = rows["big-fpa"], rows["big-sage"], rows["big-sage-noqk"]
+    assert fpa.final_loss == 4.0 - 0.125 * (13 + 14 + 15 + 16) / 4 == 2.1875
+    assert (fpa.best_eval_loss, fpa.baseline, fpa.gap) == (2.5, None, None)
+    assert (fpa.tokens_per_s, fpa.mfu, fpa.steps_done) == (2000.0, 0.375, 16)
+    assert sage.final_loss == 2.4375 and sage.gap == 0.25 and sage.baseline.name == "big-fpa"
+    assert sage.best_eval_loss == 3.5                    # the NaN eval is skipped
+    assert math.isnan(noqk.final_loss) and math.isnan(noqk.gap)
+    assert (noqk.diverged_at, noqk.steps_done) == (10, 10)
+
+
+def test_gap_uses_the_steps_both_runs_have_logged():
+    rows = {row.record.name: row for row in compare(grid(), last_k=4)}
+    # small-sage logged steps 1-8 and small-fpa 1-12: compare at steps 5-8 only
+    sage_mean = 5.0 - 0.125 * (5 + 6 + 7 + 8) / 4
+    fpa_mean = 5.0 - 0.25 * (5 + 6 + 7 + 8) / 4
+    assert rows["small-sage"].gap == sage_mean - fpa_mean == 0.8125
+    assert rows["small-sage"].final_loss == sage_mean
+    pending = rows["small-sage-noqk"]
+    assert (pending.final_loss, pending.gap, pending.steps_done, pending.diverged_at) == (
+        None, None, None, None)
+
+
+def test_trainer_tag_marks_divergence_without_a_nan_in_the_history():
+    rows = compare([record("a", axes("fpa"), status="FAILED", loss=line(4.0, 0.5, range(1, 4)),
+                           diverged_at=4)])
+    assert rows[0].diverged_at == 4 and rows[0].final_loss == 5.0
+
+
+def test_table_text():
+    table = format_table(compare(grid(), last_k=4)).splitlines()
+    assert table[0] == ("| cell | TPS | attention | QK-norm | smoothing | status | steps | "
+                        "train loss | best eval | Δ vs FPA | diverged | tokens/s | MFU |")
+    assert table[2:] == [
+        "| big-fpa | 2.1M | FPA | on | — | finished | 16/16 | 2.1875 | 2.5000 | baseline | no | 2,000 | 37.5% |",
+        "| big-sage | 2.1M | SageBwd | on | k | finished | 16/16 | 2.4375 | 3.5000 | +0.2500 | no | — | — |",
+        "| big-sage-noqk | 2.1M | SageBwd | off | k | failed | 10/16 | nan | — | nan | yes, step 10 | — | — |",
+        "| small-fpa | 262K | FPA | on | — | running | 12/32 | 2.3750 | — | baseline | no | — | — |",
+        "| small-sage | 262K | SageBwd | on | k | running | 8/32 | 4.1875 | — | +0.8125 | no | — | — |",
+        "| small-sage-noqk | 262K | SageBwd | off | k | pending | 0/32 | — | — | — | — | — | — |",
+    ]
+
+
+def test_fpa_match_rule():
+    fpa_on, fpa_off = record("fpa-on", axes("fpa")), record("fpa-off", axes("fpa", qk_norm=False))
+    fpa_small = record("fpa-small", axes("fpa", tps=TPS_SMALL))
+    fpa_variant = record("fpa-lr2", axes("fpa", variant="lr2"))
+    cells = [fpa_on, fpa_off, fpa_small, fpa_variant]
+    # same TPS and variant; the same qk_norm wins over grid order
+    assert matching_fpa(record("s", axes(qk_norm=False)), cells) is fpa_off
+    assert matching_fpa(record("s", axes(qk_norm=True)), cells) is fpa_on
+    assert matching_fpa(record("s", axes(tps=TPS_SMALL, qk_norm=False)), cells) is fpa_small
+    assert matching_fpa(record("s", axes(variant="lr2")), cells) is fpa_variant
+    assert matching_fpa(record("s", axes(variant="lr3")), cells) is None
+    assert matching_fpa(fpa_on, cells) is None
+    no_fpa = format_table(compare([record("s", axes(), loss=line(1.0, 0.0, range(1, 3)))]))
+    assert "| no FPA cell |" in no_fpa
+
+
+def test_tps_is_written_like_the_paper():
+    assert axes(label="2.1m").tps == "2.1M"
+    assert axes(tps=TPS_SMALL).tps == "262K"
+    assert axes(tps=None, label="128").tps == "128"
+    assert axes(tps=None).tps == "?"
+
+
+def test_last_k_must_be_positive():
+    with pytest.raises(ValueError, match="last_k must be at least 1, got 0"):
+        compare(grid(), last_k=0)
+
+
+def test_each_grid_gets_the_figures_it_varies():
+    main = [axes("fpa"), axes(qk_norm=True), axes(qk_norm=False)]
+    ablation = [axes("fpa"), axes(smoothing="none"), axes(smoothing="k"), axes(smoothing="qk")]
+    demo = [axes("fpa"), axes()]
+    as_records = lambda cells: [record(str(i), a) for i, a in enumerate(cells)]  # noqa: E731
+    assert views_for(as_records(main)) == [QK_NORM_VIEW]
+    assert views_for(as_records(ablation)) == [SMOOTHING_VIEW]
+    assert views_for(as_records(main + ablation)) == [QK_NORM_VIEW, SMOOTHING_VIEW]
+    assert views_for(as_records(demo)) == [ALL_CELLS_VIEW]
+    labels = [SMOOTHING_VIEW.label(r) for r in as_records(ablation)]
+    assert labels == ["FPA", "SageBwd, no smoothing", "SageBwd, K-smoothing",
+                      "SageBwd, QK-smoothing"]
+    assert [QK_NORM_VIEW.label(r) for r in as_records(main)] == [
+        "FPA", "SageBwd + QK-norm", "SageBwd w/o QK-norm"]
+
+
+def test_ema_has_one_time_constant_in_steps_and_skips_non_finite():
+    smooth = ema(((1, 4.0), (2, 2.0), (3, math.nan), (5, 2.0)), window=1.0)
+    after_one = 4.0 - 2.0 * (1 - math.exp(-1))
+    assert smooth[:3] == [4.0, after_one, after_one]
+    # the gap from step 2 to 5 is three time constants
+    assert smooth[3] == pytest.approx(after_one + (2.0 - after_one) * (1 - math.exp(-3)))
+
+
+def test_figures_are_written_for_partial_grids(tmp_path):
+    paths = write_figures(compare(grid(), last_k=4), tmp_path, title="test grid")
+    assert [p.name for p in paths] == ["loss-qk-norm.png"]
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tag_names_match_the_trainer():
+    """The comparison reads what launcher.train writes; a rename there must fail here."""
+    from launcher.config import load_run_config
+    from launcher.tracking import flatten
+    from launcher.train import grid_tags
+
+    config = load_run_config(REPO_ROOT / "experiments" / "configs" / "cpu-tiny.yaml")
+    assert {TAG_ATTENTION, TAG_QK_NORM, TAG_SMOOTHING, TAG_TOKENS_PER_STEP} <= set(grid_tags(config))
+    assert grid_tags(config)[TAG_QK_NORM] == "true"
+    assert PARAM_TOTAL_STEPS in flatten(config.to_dict())

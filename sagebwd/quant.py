@@ -23,8 +23,11 @@ def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):
         return x, torch.ones_like(x.amax(dim=reduce_dims, keepdim=True))
     amax = x.abs().amax(dim=reduce_dims, keepdim=True)
     nonzero = amax > 0
-    scale = amax / QMAX
-    inv = torch.where(nonzero, QMAX / torch.where(nonzero, amax, torch.ones_like(amax)), torch.zeros_like(amax))
+    # Tensor-by-tensor: PyTorch turns a division with a Python scalar into a multiply by a
+    # reciprocal (1 ulp off for ~25% of values), which a div_rn kernel would not reproduce.
+    qmax = torch.full_like(amax, QMAX)
+    scale = amax / qmax
+    inv = torch.where(nonzero, qmax / torch.where(nonzero, amax, torch.ones_like(amax)), torch.zeros_like(amax))
     q = torch.round(x * inv).clamp_(-QMAX, QMAX)
     return q, scale
 

@@ -122,6 +122,17 @@ def test_row_block_quantiser_properties():
     assert torch.all(err <= s.repeat_interleave(16, -1).unsqueeze(-1) / 2 * (1 + 1e-5))
 
 
+def test_quantiser_divisions_are_ieee_rounded():
+    # The contract says scale = amax/127 and inv = 127/amax as correctly rounded fp32 divisions
+    # (what a kernel's div_rn gives); float64 division rounded to fp32 is the correctly rounded one.
+    from sagebwd.quant import _quantize
+    x = torch.rand(4096, 1, dtype=torch.float32) * torch.logspace(-3, 3, 4096).unsqueeze(1)
+    q, scale = _quantize(x, (-1,), True)
+    torch.testing.assert_close(scale, (x.double() / 127).float(), rtol=0, atol=0)
+    inv = (127 / x.double()).float()
+    torch.testing.assert_close(q, torch.round(x * inv).clamp(-127, 127), rtol=0, atol=0)
+
+
 def test_quantiser_rounds_half_to_even_and_tiles():
     x = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 3.0, 0.0]]).repeat(16, 2)
     q, s = quantize_tiles(x, 16, 16)

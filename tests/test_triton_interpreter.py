@@ -52,7 +52,6 @@ def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strid
     import torch
     import sagebwd
     from sagebwd import simulate
-    from sagebwd.bench import ieee_divisions
     from sagebwd.simulate import SageConfig
     from sagebwd.triton import attention
 
@@ -76,7 +75,7 @@ def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strid
     # The backward is defined given the O the forward returned: feed the simulation's backward
     # the kernel's O, so that 1-ulp differences of O do not move delta and flip dS integers.
     cfg = SageConfig(causal=causal, smooth_q=smooth_q, block_q=block_q, block_kv=block_kv)
-    with torch.no_grad(), ieee_divisions():   # the contract's divisions (see sagebwd.bench)
+    with torch.no_grad():
         o_sim, saved = simulate.forward(q, k, v, cfg)
         grads_sim = simulate.backward(saved._replace(o=o.detach()), do, cfg)
     fpa = sagebwd.fpa_attention(q.detach().double(), k.detach().double(), v.detach().double(),

@@ -140,12 +140,13 @@ start() {
   stop_daemons   # half-started leftovers from a crashed run
   write_munge_files
   write_slurm_conf
+  # 9>&-: the daemons must not inherit the lock, or they would hold it for their lifetime.
   munged --force --socket="$MUNGE_SOCKET" --key-file="$DIR/munge/munge.key" \
     --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/log/munged.log" \
-    --seed-file="$DIR/munge/munged.seed"
-  slurmctld -f "$CONF"
+    --seed-file="$DIR/munge/munged.seed" 9>&-
+  slurmctld -f "$CONF" 9>&-
   wait_for "slurmctld answering" 30 controller_answers
-  slurmd -f "$CONF"
+  slurmd -f "$CONF" 9>&-
   wait_for "the node becoming idle" 30 node_ready
   log "running: controller on port $CTLD_PORT, state in $DIR"
   echo "export SLURM_CONF=$CONF"

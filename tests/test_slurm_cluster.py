@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -33,9 +32,9 @@ def cluster(command: str, timeout: float = 600) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module", autouse=True)
 def slurm_cluster():
     """Start the test cluster (installing Slurm if needed); stop it afterwards if we started it."""
-    if os.geteuid() != 0 and not shutil.which("slurmctld"):
-        pytest.skip("Slurm is not installed and installing it needs root "
-                    "(apt-get install slurmctld slurmd slurm-client munge)")
+    if os.geteuid() != 0:
+        pytest.skip("the test cluster installs Slurm with apt and runs its daemons as root "
+                    "(SlurmUser=root); run the tests as root, as CI does")
     was_running = cluster("status").returncode == 0
     started = time.perf_counter()
     out = cluster("start")

@@ -1,6 +1,7 @@
 """Training launcher: `python -m launcher.train --config FILE [--set key=value ...]`.
 
-Modules: config (typed RunConfig, validation), overrides (--set parsing), distributed
+Modules: config (typed RunConfig, validation), overrides (--set parsing), cpu_memory
+(glibc allocator setting for CPU runs), distributed
 (process group), engine (DeepSpeed + AdamW + schedule), schedule (warmup-cosine LR),
 data (batches from data_prep), tracking (MLflow), train (the loop and CLI).
 """

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-SINGLE_PROCESS_ENV = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0",
-                      "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SINGLE_PROCESS_ENV = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0",
+                      "WORLD_SIZE": "1"}
 
 
 def _free_port() -> str:
@@ -28,10 +30,11 @@ def init_process_group() -> None:
     """
     if dist.is_initialized():
         return
+    # Multi-process CPU worlds still build DeepSpeed's C++ ops: keep them in the repo cache
+    # so the cost (~30 s) is paid once per checkout.
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".cache" / "torch_extensions"))
     if "WORLD_SIZE" not in os.environ:
-        for key, value in SINGLE_PROCESS_ENV.items():
-            os.environ.setdefault(key, value)
-        os.environ["MASTER_PORT"] = _free_port()
+        os.environ.update(SINGLE_PROCESS_ENV, MASTER_PORT=_free_port())
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend=backend)
     if int(os.environ["WORLD_SIZE"]) == 1:

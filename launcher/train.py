@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from launcher.config import RunConfig, load_run_config
+from launcher.cpu_memory import reuse_freed_memory
 from launcher.data import Batch, build_batches
 from launcher.distributed import init_process_group, rank
 from launcher.engine import build_engine
@@ -81,6 +82,8 @@ def evaluate(engine, batches: Iterable[Batch]) -> float:
 def train(config: RunConfig, *, say: Callable[[str], None] = print) -> RunResult:
     """Run one training run to completion (or divergence) and return its curves."""
     init_process_group()
+    if not torch.cuda.is_available():
+        reuse_freed_memory()  # ~2x faster CPU steps: see launcher/cpu_memory.py
     torch.manual_seed(config.seed)
     model = Llama(config.model)
     engine = build_engine(model, config)

@@ -10,7 +10,7 @@ if [ ! -f "$stamp" ]; then
   echo "[setup] creating $VENV and installing the suite (about 1.5 min on 2 cores)"
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e '.[test]' --config-settings editable_mode=compat
+  "$VENV/bin/python" -m pip install -q -e '.[test]'
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 else

@@ -81,9 +81,9 @@ def evaluate(engine, batches: Iterable[Batch]) -> float:
 
 def train(config: RunConfig, *, say: Callable[[str], None] = print) -> RunResult:
     """Run one training run to completion (or divergence) and return its curves."""
-    init_process_group()
     if not torch.cuda.is_available():
-        reuse_freed_memory()  # ~2x faster CPU steps: see launcher/cpu_memory.py
+        reuse_freed_memory()  # before threads start; faster CPU steps: see cpu_memory.py
+    init_process_group()
     torch.manual_seed(config.seed)
     model = Llama(config.model)
     engine = build_engine(model, config)

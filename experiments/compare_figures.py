@@ -155,8 +155,8 @@ def _draw_panel(ax_loss, ax_gap, rows: list[CellRow], view: FigureView,
         ax_loss.plot(*thin(xs, [smooth[s] for s in steps]), color=color, linewidth=1.8,
                      label=label + _state_suffix(row))
         finite = [smooth[s] for s in steps if math.isfinite(smooth[s])]
-        # From 5% in: the first steps' loss (~ln vocab) would squash the part worth reading.
-        loss_range += [finite[len(finite) // 20], min(finite)] if finite else []
+        # From 10% in: the first steps' loss (~ln vocab) would squash the part worth reading.
+        loss_range += [finite[len(finite) // 10], min(finite)] if finite else []
         if row.diverged_at is not None and finite:
             last = max(s for s in steps if s < row.diverged_at or s == steps[0])
             crosses.append((to_x(last), smooth[last], color))

@@ -314,8 +314,8 @@ def ui_instructions(tracking_uri: str, experiment_id: str, report_run_id: str | 
         base = f"http://127.0.0.1:{UI_PORT}"
         lines.append(f"Start the UI: mlflow ui --backend-store-uri {tracking_uri} "
                      f"--host 127.0.0.1 --port {UI_PORT}")
-    lines.append(f"Runs (cells nested under their grid): {base}/#/experiments/{experiment_id}"
-                 "/runs?workflowType=machine_learning")
+    lines.append("Runs table (a grid's cells fold under its parent run): "
+                 f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning")
     if report_run_id:
         lines.append(f"This report: {base}/#/experiments/{experiment_id}/runs/{report_run_id}"
                      f"/artifacts/{ARTIFACT_DIR}/report.md")

@@ -292,8 +292,9 @@ def test_compare_command_against_a_tracking_server(mlflow_server, tmp_path):
     assert done.returncode == 0, done.stderr
     assert table_rows(done.stdout) == EXPECTED_ROWS
     experiment_id = ids["experiment_id"]
-    assert (f"Runs (cells nested under their grid): {mlflow_server}/#/experiments/"
-            f"{experiment_id}/runs?workflowType=machine_learning") in done.stdout
+    assert ("Runs table (a grid's cells fold under its parent run): "
+            f"{mlflow_server}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+            ) in done.stdout
     assert (f"This report: {mlflow_server}/#/experiments/{experiment_id}/runs/{ids['parent']}"
             "/artifacts/compare/report.md") in done.stdout
     assert "mlflow ui" not in done.stdout        # the server is the UI

@@ -164,6 +164,7 @@ def test_tag_names_match_the_trainer():
     from launcher.train import grid_tags
 
     config = load_run_config(REPO_ROOT / "experiments" / "configs" / "cpu-tiny.yaml")
-    assert {TAG_ATTENTION, TAG_QK_NORM, TAG_SMOOTHING, TAG_TOKENS_PER_STEP} <= set(grid_tags(config))
+    names = {TAG_ATTENTION, TAG_QK_NORM, TAG_SMOOTHING, TAG_TOKENS_PER_STEP}
+    assert names <= set(grid_tags(config))
     assert grid_tags(config)[TAG_QK_NORM] == "true"
     assert PARAM_TOTAL_STEPS in flatten(config.to_dict())

@@ -79,7 +79,11 @@ def evaluate(engine, batches: Iterable[Batch]) -> float:
     return sum(losses) / len(losses)
 
 
-def train(config: RunConfig, *, say: Callable[[str], None] = print) -> RunResult:
+def say_now(line: str) -> None:
+    print(line, flush=True)  # progress must show up live in piped CI/demo logs
+
+
+def train(config: RunConfig, *, say: Callable[[str], None] = say_now) -> RunResult:
     """Run one training run to completion (or divergence) and return its curves."""
     if not torch.cuda.is_available():
         reuse_freed_memory()  # before threads start; faster CPU steps: see cpu_memory.py

@@ -49,6 +49,8 @@ class MlflowRun:
 
     def __init__(self, *, experiment: str, run_name: str | None, params: dict[str, Any],
                  tags: dict[str, str], config_yaml: str, tracking_uri: str | None = None):
+        # Runs happen on offline clusters and CI; no usage pings unless a user opts in.
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         from mlflow.entities import Param, RunTag
         from mlflow.tracking import MlflowClient
 

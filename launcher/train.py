@@ -79,8 +79,39 @@ def evaluate(engine, batches: Iterable[Batch]) -> float:
     return sum(losses) / len(losses)
 
 
+def train_step(engine, batches: Iterator[Batch], accum_steps: int) -> tuple[float, float]:
+    """One optimizer step over `accum_steps` micro-batches -> (mean loss, pre-clip grad norm).
+
+    engine.step() is called after every micro-batch; DeepSpeed only updates the weights (and
+    the lr schedule) at the accumulation boundary, and scales the loss by 1/accum_steps.
+    """
+    loss_sum = torch.zeros((), device=engine.device)
+    grad_norm = None
+    for _ in range(accum_steps):
+        x, y = next(batches)
+        loss = lm_loss(engine(x.to(engine.device)), y.to(engine.device))
+        engine.backward(loss)
+        if engine.is_gradient_accumulation_boundary():
+            grad_norm = _plain_grad_norm(engine)
+        engine.step()
+        loss_sum += loss.detach()
+    if grad_norm is None:
+        grad_norm = float(engine.get_global_grad_norm() or float("nan"))
+    return loss_sum.item() / accum_steps, grad_norm
+
+
 def say_now(line: str) -> None:
     print(line, flush=True)  # progress must show up live in piped CI/demo logs
+
+
+def start_tracking(config: RunConfig, name: str, model: Llama, world_size: int) -> MlflowRun:
+    counts = count_parameters(model)
+    params = {**config.to_dict(), "derived": {
+        "tokens_per_step": config.tokens_per_step, "world_size": world_size,
+        "n_params": counts["total"], "n_params_non_embedding": counts["non_embedding"]}}
+    return MlflowRun(experiment=config.tracking.experiment, run_name=name, params=params,
+                     tags=grid_tags(config), config_yaml=config_to_yaml(config.to_dict()),
+                     tracking_uri=config.tracking.tracking_uri)
 
 
 def train(config: RunConfig, *, say: Callable[[str], None] = say_now) -> RunResult:
@@ -91,23 +122,14 @@ def train(config: RunConfig, *, say: Callable[[str], None] = say_now) -> RunResu
     torch.manual_seed(config.seed)
     model = Llama(config.model)
     engine = build_engine(model, config)
-    train_batches: Iterator[Batch]
     train_batches, eval_batches = build_batches(config)
+    tokens_per_step = config.tokens_per_step * engine.world_size
 
     name = config.tracking.run_name or default_run_name(config)
-    counts = count_parameters(model)
-    tracker = None
-    if rank() == 0:
-        params = {**config.to_dict(), "derived": {
-            "tokens_per_step": config.tokens_per_step, "world_size": engine.world_size,
-            "n_params": counts["total"], "n_params_non_embedding": counts["non_embedding"]}}
-        tracker = MlflowRun(experiment=config.tracking.experiment, run_name=name,
-                            params=params, tags=grid_tags(config),
-                            config_yaml=config_to_yaml(config.to_dict()),
-                            tracking_uri=config.tracking.tracking_uri)
-        say(f"[{name}] {counts['total']:,} params, {config.tokens_per_step:,} tokens/step, "
-            f"MLflow run {tracker.run_id} in {tracker.tracking_uri}")
-
+    tracker = start_tracking(config, name, model, engine.world_size) if rank() == 0 else None
+    if tracker:
+        say(f"[{name}] {count_parameters(model)['total']:,} params, {tokens_per_step:,} "
+            f"tokens/step, MLflow run {tracker.run_id} in {tracker.tracking_uri}")
     result = RunResult(name=name, run_id=tracker and tracker.run_id,
                        tracking_uri=tracker and tracker.tracking_uri)
     status = "FAILED"
@@ -115,26 +137,15 @@ def train(config: RunConfig, *, say: Callable[[str], None] = say_now) -> RunResu
     step_seconds = 0.0
     try:
         for step in range(1, config.train.steps + 1):
-            lr = engine.get_lr()[0]
+            lr = engine.get_lr()[0]  # the lr this step's update uses
             t0 = time.perf_counter()
-            loss_sum = torch.zeros((), device=engine.device)
-            grad_norm = None
-            for _ in range(config.train.grad_accum_steps):
-                x, y = next(train_batches)
-                loss = lm_loss(engine(x.to(engine.device)), y.to(engine.device))
-                engine.backward(loss)
-                if engine.is_gradient_accumulation_boundary():
-                    grad_norm = _plain_grad_norm(engine)
-                engine.step()
-                loss_sum += loss.detach()
-            train_loss = loss_sum.item() / config.train.grad_accum_steps
-            if grad_norm is None:
-                grad_norm = float(engine.get_global_grad_norm() or float("nan"))
+            train_loss, grad_norm = train_step(engine, train_batches,
+                                               config.train.grad_accum_steps)
             dt = time.perf_counter() - t0
             step_seconds += dt
             metrics = {"loss": train_loss, "lr": lr, "grad_norm": grad_norm,
-                       "tokens_per_s": config.tokens_per_step * engine.world_size / dt,
-                       "tokens_seen": step * config.tokens_per_step * engine.world_size}
+                       "tokens_per_s": tokens_per_step / dt,
+                       "tokens_seen": step * tokens_per_step}
             result.train_loss.append((step, train_loss))
 
             if not math.isfinite(train_loss):
@@ -154,22 +165,23 @@ def train(config: RunConfig, *, say: Callable[[str], None] = say_now) -> RunResu
                 if step % config.tracking.flush_every == 0:
                     tracker.flush()
             if step == 1 or step % config.train.log_every == 0 or is_last:
-                line = (f"[{name}] step {step}/{config.train.steps} loss {train_loss:.4f} "
-                        f"lr {lr:.2e} grad_norm {grad_norm:.3f} "
-                        f"{metrics['tokens_per_s']:,.0f} tok/s")
-                if "eval_loss" in metrics:
-                    line += f" eval_loss {metrics['eval_loss']:.4f}"
-                say(line)
+                say(progress_line(name, step, config.train.steps, metrics))
         status = "FAILED" if result.diverged_at else "FINISHED"
     finally:
         result.wall_s = time.perf_counter() - started
-        steps_done = len(result.train_loss)
-        if steps_done:
-            result.tokens_per_s = (steps_done * config.tokens_per_step * engine.world_size
-                                   / step_seconds)
+        if step_seconds:
+            result.tokens_per_s = len(result.train_loss) * tokens_per_step / step_seconds
         if tracker:
             tracker.finish(status)
     return result
+
+
+def progress_line(name: str, step: int, steps: int, metrics: dict[str, float]) -> str:
+    line = (f"[{name}] step {step}/{steps} loss {metrics['loss']:.4f} lr {metrics['lr']:.2e} "
+            f"grad_norm {metrics['grad_norm']:.3f} {metrics['tokens_per_s']:,.0f} tok/s")
+    if "eval_loss" in metrics:
+        line += f" eval_loss {metrics['eval_loss']:.4f}"
+    return line
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,8 +1,9 @@
 """`python -m experiments.demo`: FPA vs SageBwd on the same tiny Llama, corpus and seed (CPU).
 
 Trains experiments/configs/cpu-tiny.yaml twice (SageBwd runs as its exact PyTorch
-simulation on the CPU), prints a comparison table, writes a loss-curve PNG and a
-Markdown summary under --out, and logs both runs to MLflow.
+simulation on the CPU), logs both runs to MLflow, then reads them back through MLflow
+with `python -m experiments compare`'s code: the table, the loss-curve PNG and report.md
+under --out, logged on a comparison run, with the MLflow UI link.
 """
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.plot import plot_loss_curves
-from experiments.summary import format_table, summarise
+from experiments.compare import Comparison, compare_experiment
+from experiments.compare_mlflow import CompareError
 from launcher.config import RunConfig, load_run_config
 from launcher.overrides import ConfigError
 from launcher.train import RunResult, train
@@ -34,7 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="base run config")
     parser.add_argument("--out", default=str(REPO_ROOT / "runs" / "demo"),
-                        help="folder for loss_curves.png and summary.md")
+                        help="folder for the comparison: report.md and the loss-curve PNG")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override the base config, e.g. "
                         "--set train.steps=50 (repeatable)")
@@ -46,22 +47,12 @@ def build_variant_configs(path: str, overrides: list[str]) -> dict[str, RunConfi
     return {label: load_run_config(path, overrides + extra) for label, extra in VARIANTS.items()}
 
 
-def report(results: dict[str, RunResult], configs: dict[str, RunConfig], out: Path,
-           total_s: float) -> str:
-    last_k = min([LAST_K] + [len(r.train_loss) for r in results.values()])
-    table = format_table(summarise(results, baseline=BASELINE, last_k=last_k), last_k=last_k)
-    base = configs[BASELINE]
-    title = (f"{base.model.preset}: {base.model.num_layers} layers, width {base.model.hidden_size}, "
-             f"seq {base.model.seq_len}, {base.tokens_per_step} tokens/step, seed {base.seed}")
-    png = plot_loss_curves(results, BASELINE, out / "loss_curves.png", title=title)
-    runs = "\n".join(f"- {label}: MLflow run `{r.run_id}` ({r.name})"
-                     for label, r in results.items())
-    uri = next(iter(results.values())).tracking_uri
-    summary = (f"# FPA vs SageBwd demo\n\n{title}\n\n{table}\n\n"
-               f"Loss curves: {png.name}. Total wall time {total_s:.0f} s.\n\n"
-               f"MLflow store `{uri}`, experiment `{base.tracking.experiment}`:\n{runs}\n")
-    (out / "summary.md").write_text(summary)
-    return summary
+def compare_runs(results: dict[str, RunResult], configs: dict[str, RunConfig], out: Path) -> Comparison:
+    """The demo's table and figures come from MLflow, as any grid's do."""
+    uri = results[BASELINE].tracking_uri
+    return compare_experiment(configs[BASELINE].tracking.experiment, tracking_uri=uri,
+                              run_ids=[r.run_id for r in results.values()], out=out,
+                              last_k=min([LAST_K] + [len(r.train_loss) for r in results.values()]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,11 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         results[label] = train(config)
     total = time.perf_counter() - started
 
-    summary = report(results, configs, out, total)
-    uri = results[BASELINE].tracking_uri
-    print("\n" + summary)
-    print(f"Wrote {out / 'loss_curves.png'} and {out / 'summary.md'}")
-    print(f"Browse the runs: mlflow ui --backend-store-uri {uri}")
+    print(f"\n=== trained both runs in {total:.0f} s; comparing them from MLflow ===", flush=True)
+    try:
+        compare_runs(results, configs, out)
+    except CompareError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 1 if any(r.diverged_at for r in results.values()) else 0
 
 

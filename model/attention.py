@@ -32,9 +32,11 @@ class CoreAttention(nn.Module):
         # Imported lazily so FPA models build even where the kernel package is unavailable.
         import sagebwd
 
+        # No per-call finiteness check: it syncs the device three times per layer, and a
+        # non-finite input makes the loss non-finite, which the trainer's guard stops on.
         return sagebwd.attention(q, k, v, causal=True, smooth_k=self.smooth_k,
                                  smooth_q=self.smooth_q, block_q=self.block_q,
-                                 block_kv=self.block_kv)
+                                 block_kv=self.block_kv, check_finite=False)
 
     def extra_repr(self) -> str:
         if self.backend == "fpa":

@@ -1,0 +1,28 @@
+"""A tiny subcommand dispatcher shared by `python -m experiments` and `python -m slurm`.
+
+Each subcommand lives in its own module exposing `add_arguments(parser)` and
+`main(args) -> int`; a CLI is then a dict of names to module paths.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+
+def build_parser(prog: str, description: str, subcommands: dict[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, module_name in subcommands.items():
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(name, help=module.__doc__.strip().splitlines()[0],
+                                  description=module.__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.main)
+    return parser
+
+
+def dispatch(prog: str, description: str, subcommands: dict[str, str], argv: list[str] | None) -> int:
+    args = build_parser(prog, description, subcommands).parse_args(argv)
+    return args.run(args)

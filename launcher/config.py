@@ -49,9 +49,31 @@ class ScheduleConfig(Section):
 
 class TrainConfig(Section):
     steps: int = Field(gt=0, description="optimizer steps")
-    micro_batch_size: int = Field(gt=0, description="sequences per rank per forward")
-    grad_accum_steps: int = Field(1, gt=0)
+    micro_batch_size: int = Field(gt=0, description="sequences per data-parallel rank per forward")
+    # None: derived from tokens_per_step (or 1 without a target); see launcher.layout.
+    grad_accum_steps: int | None = Field(None, gt=0)
+    # The paper's TPS: global batch x seq_len. None: whatever micro x accum x DP gives.
+    tokens_per_step: int | None = Field(None, gt=0)
+    # auto: bf16 on GPU (the paper), fp32 on CPU (bf16 matmuls are slow there).
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
     log_every: int = Field(10, gt=0, description="print a progress line every N steps")
+    # Dense bf16 peak per device for MFU; None: looked up from the GPU's name.
+    peak_tflops: float | None = Field(None, gt=0)
+
+
+class ParallelConfig(Section):
+    """World = data-parallel x sequence-parallel; DP is whatever the world leaves after SP."""
+
+    sp: int = Field(1, gt=0, description="DeepSpeed-Ulysses sequence-parallel group size")
+    zero_stage: int = Field(1, ge=0, le=3)
+
+
+class CheckpointConfig(Section):
+    """DeepSpeed checkpoints plus the trainer's own state; resume with --resume auto."""
+
+    dir: str | None = None          # None: no checkpoints (and nothing to resume)
+    every: int = Field(0, ge=0, description="save every N steps; 0: only on signals and at the end")
+    keep_last: int = Field(2, gt=0)
 
 
 class EvalConfig(Section):
@@ -66,11 +88,15 @@ class TrackingConfig(Section):
     tracking_uri: str | None = None
     # Metrics are buffered and written with one log_batch call per flush (~20 ms each on sqlite).
     flush_every: int = Field(50, gt=0)
+    # The manifest's TPS label ("2.1m"), logged as the `tps` tag; None: no tag.
+    tps_label: str | None = None
+    # MLflow's CPU/GPU/memory sampler thread for the run.
+    system_metrics: bool = True
 
 
 class RunConfig(Section):
-    """Everything one training run needs. The world is one process for now: data- and
-    sequence-parallel sizes, ZeRO stage and checkpointing are future sections."""
+    """Everything one training run needs. Checks that need the world size (TPS vs DP) are in
+    launcher.layout; everything else is checked here."""
 
     seed: int = 1337
     model: ModelConfig
@@ -78,19 +104,27 @@ class RunConfig(Section):
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     train: TrainConfig
+    parallel: ParallelConfig = ParallelConfig()
     eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     tracking: TrackingConfig = TrackingConfig()
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens per optimizer step, the paper's TPS (x data-parallel world size later)."""
-        return self.train.micro_batch_size * self.train.grad_accum_steps * self.model.seq_len
+        """The TPS target, or (without one) the tokens of one data-parallel replica's step;
+        launcher.layout.resolve_layout gives the world's actual number."""
+        if self.train.tokens_per_step:
+            return self.train.tokens_per_step
+        return self.train.micro_batch_size * (self.train.grad_accum_steps or 1) * self.model.seq_len
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> "RunConfig":
         if self.schedule.warmup_steps > self.train.steps:
             raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) exceeds "
                              f"train.steps ({self.train.steps}); lower the warmup")
+        from launcher.layout import check_static_layout  # the layout rules live in one module
+
+        check_static_layout(self)
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,8 +1,10 @@
-"""Process-group setup for the trainer: one code path for a single CPU process and for
-`torchrun`/`deepspeed` launched worlds."""
+"""Process-group setup for the trainer: one code path for a single process, for
+`torchrun`/`deepspeed`-launched worlds and for plain `srun` (Slurm's variables), plus the
+sequence-parallel groups."""
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -11,6 +13,8 @@ import torch.distributed as dist
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SINGLE_PROCESS_ENV = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0",
                       "WORLD_SIZE": "1"}
+# A rank that dies mid-collective must not leave its peers waiting for DeepSpeed's 30 min.
+COLLECTIVE_TIMEOUT = timedelta(minutes=int(os.environ.get("SAGEBWD_COLLECTIVE_TIMEOUT_MIN", "10")))
 
 
 def _free_port() -> str:
@@ -21,36 +25,63 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def init_process_group() -> None:
-    """Initialise torch.distributed if nobody has yet.
+def _first_slurm_host() -> str:
+    import subprocess
 
-    Without a launcher we fill in a one-process world (on a free port, so parallel test
-    runs do not collide). We create the group ourselves, before deepspeed.initialize, so
-    DeepSpeed adopts it instead of running its MPI discovery.
+    nodes = os.environ.get("SLURM_JOB_NODELIST", "127.0.0.1")
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
+                             text=True, timeout=30, check=True).stdout.split()
+        return out[0] if out else nodes
+    except (OSError, subprocess.SubprocessError):
+        return nodes
+
+
+def world_env_from_launcher() -> dict[str, str]:
+    """RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* for this process.
+
+    A launcher's variables (torchrun, deepspeed) win; else Slurm's (one task per rank under
+    srun); else a one-process world on a free port, so parallel test runs do not collide.
+    """
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return {}
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        job = int(env.get("SLURM_JOB_ID", "0"))
+        return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"],
+                "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+                "MASTER_ADDR": env.get("MASTER_ADDR") or _first_slurm_host(),
+                "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + job % 20000)}
+    return {**SINGLE_PROCESS_ENV, "MASTER_PORT": _free_port()}
+
+
+def init_process_group() -> None:
+    """Initialise torch.distributed if nobody has yet (nccl on GPU, gloo on CPU).
+
+    We create the group ourselves, before deepspeed.initialize, so DeepSpeed adopts it
+    instead of running its MPI discovery.
     """
     if dist.is_initialized():
         return
-    # Multi-process CPU worlds still build DeepSpeed's C++ ops: keep them in the repo cache
-    # so the cost (~30 s) is paid once per checkout.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".cache" / "torch_extensions"))
-    if "WORLD_SIZE" not in os.environ:
-        os.environ.update(SINGLE_PROCESS_ENV, MASTER_PORT=_free_port())
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend=backend)
-    if int(os.environ["WORLD_SIZE"]) == 1:
+    os.environ.update(world_env_from_launcher())
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend="nccl", timeout=COLLECTIVE_TIMEOUT)
+    else:
+        dist.init_process_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
         skip_deepspeed_shm_comm()
 
 
 def skip_deepspeed_shm_comm() -> None:
     """Stop DeepSpeed's CPU accelerator from compiling its shared-memory all-reduce op.
 
-    DeepSpeed builds `deepspeed_shm_comm` (a C++ extension, ~30 s on 2 cores the first
-    time) whenever it wraps a process group on the CPU. In a one-process world there is
-    nothing to all-reduce, so we mark the op incompatible in DeepSpeed's op table (one
-    module-level dict whose edits persist); DeepSpeed then uses plain torch.distributed.
+    DeepSpeed builds `deepspeed_shm_comm` (a C++ extension, 30-115 s on 2 cores the first
+    time) whenever it wraps a process group on the CPU, but only `inference_all_reduce`
+    (tensor-parallel inference) uses it; training collectives go through torch.distributed.
+    So we mark the op incompatible in DeepSpeed's op table (one module-level dict whose edits
+    persist) in every CPU world, and no multi-process test pays for the build.
     """
-    if torch.cuda.is_available():
-        return
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
@@ -58,3 +89,31 @@ def skip_deepspeed_shm_comm() -> None:
 
 def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def sequence_parallel_group(sp: int) -> tuple[dist.ProcessGroup | None, int]:
+    """(this rank's SP group, its rank in it). Groups are blocks of sp consecutive ranks,
+    the layout data_prep.loader.data_parallel_coords assumes. Every rank must call this
+    (new_group is collective), also for groups it is not in."""
+    if sp == 1:
+        return None, 0
+    me, world = rank(), world_size()
+    mine = None
+    for start in range(0, world, sp):
+        group = dist.new_group(list(range(start, start + sp)))
+        if start <= me < start + sp:
+            mine = group
+    return mine, me % sp
+
+
+def broadcast_object(value, src: int = 0):
+    """Rank src's `value` on every rank (e.g. the MLflow run id)."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

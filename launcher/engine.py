@@ -7,17 +7,34 @@ import torch
 from torch import nn
 
 from launcher.config import RunConfig
+from launcher.layout import Layout
 from launcher.schedule import build_lr_scheduler
 
 
-def deepspeed_config(config: RunConfig) -> dict[str, Any]:
+def use_bf16(config: RunConfig) -> bool:
+    """The paper trains in bf16 (GPU); CPU runs default to fp32 (bf16 matmuls are slow there)."""
+    if config.train.precision == "auto":
+        return torch.cuda.is_available()
+    return config.train.precision == "bf16"
+
+
+def deepspeed_config(config: RunConfig, layout: Layout) -> dict[str, Any]:
     """The DeepSpeed JSON config derived from the run config (the run config is the source
-    of truth; nothing DeepSpeed-specific is written by hand)."""
+    of truth; nothing DeepSpeed-specific is written by hand).
+
+    No `sequence_parallel_size`: DeepSpeed then averages gradients over all dp x sp ranks,
+    which is exact, because the partial gradients of one sample's sp shards sum to that
+    sample's gradient. With it, stages 0-2 average over DP only and the gradients (clipping,
+    grad norm) come out sp times too large, while stage 3 does not (DeepSpeed issue 5248).
+    """
     return {
-        "train_micro_batch_size_per_gpu": config.train.micro_batch_size,
-        "gradient_accumulation_steps": config.train.grad_accum_steps,
+        "train_micro_batch_size_per_gpu": layout.micro_batch,
+        "gradient_accumulation_steps": layout.grad_accum,
         "gradient_clipping": config.optimizer.grad_clip,
-        "zero_optimization": {"stage": 0},
+        "zero_optimization": {"stage": config.parallel.zero_stage},
+        # A client torch AdamW is fine under ZeRO (it only sees its partition).
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": use_bf16(config)},
         # We print our own progress lines; DeepSpeed's would interleave with them.
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
@@ -33,7 +50,7 @@ def adamw_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, 
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_engine(model: nn.Module, config: RunConfig):
+def build_engine(model: nn.Module, config: RunConfig, layout: Layout):
     """deepspeed.initialize with a client torch.optim.AdamW.
 
     A client optimizer avoids DeepSpeed's FusedAdam, whose C++ build costs ~2 min on a
@@ -48,5 +65,5 @@ def build_engine(model: nn.Module, config: RunConfig):
     scheduler = build_lr_scheduler(optimizer, config.train.steps, config.schedule)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                            lr_scheduler=scheduler,
-                                           config=deepspeed_config(config))
+                                           config=deepspeed_config(config, layout))
     return engine

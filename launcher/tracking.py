@@ -43,31 +43,50 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
+PARENT_RUN_ENV = "SAGEBWD_PARENT_RUN_ID"   # set by the manifest layer for a grid's jobs
+PARENT_RUN_TAG = "mlflow.parentRunId"     # MLflow's own tag: the UI nests the run under it
+
+
 class MlflowRun:
-    """One MLflow run. Metrics are buffered and written with log_batch, because each
-    sqlite write costs ~20 ms, which would dominate a tiny CPU step."""
+    """One MLflow run, created by rank 0 (or reopened on resume). Metrics are buffered and
+    written with log_batch, because each sqlite write costs ~20 ms, which would dominate a
+    tiny CPU step."""
 
-    def __init__(self, *, experiment: str, run_name: str | None, params: dict[str, Any],
-                 tags: dict[str, str], config_yaml: str, tracking_uri: str | None = None):
-        # Runs happen on offline clusters and CI; no usage pings unless a user opts in.
-        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-        from mlflow.entities import Param, RunTag
-        from mlflow.tracking import MlflowClient
+    def __init__(self, client, run_id: str, tracking_uri: str, system_metrics: bool):
+        from mlflow.entities import RunTag
 
-        self.tracking_uri = resolve_tracking_uri(tracking_uri)
-        self.client = MlflowClient(self.tracking_uri)
-        found = self.client.get_experiment_by_name(experiment)
-        experiment_id = (found.experiment_id if found else self.client.create_experiment(
-            experiment, artifact_location=_artifact_root(self.tracking_uri)))
-        self.run_id = self.client.create_run(experiment_id, run_name=run_name,
-                                             tags=tags).info.run_id
-        self.experiment_id = experiment_id
-        items = [Param(k, v) for k, v in flatten(params).items()]
-        for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
-        self.client.log_text(self.run_id, config_yaml, "config.yaml")
+        self.client, self.run_id, self.tracking_uri = client, run_id, tracking_uri
         self._pending: list = []
         self._tag_cls = RunTag
+        self._monitor = _start_system_metrics(run_id, tracking_uri) if system_metrics else None
+
+    @classmethod
+    def create(cls, *, experiment: str, run_name: str | None, params: dict[str, Any],
+               tags: dict[str, str], config_yaml: str, tracking_uri: str | None = None,
+               system_metrics: bool = False) -> "MlflowRun":
+        client, uri = _client(tracking_uri)
+        found = client.get_experiment_by_name(experiment)
+        experiment_id = (found.experiment_id if found else client.create_experiment(
+            experiment, artifact_location=_artifact_root(uri)))
+        parent = os.environ.get(PARENT_RUN_ENV)
+        if parent:
+            tags = {**tags, PARENT_RUN_TAG: parent}
+        run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in flatten(params).items()]
+        for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            client.log_batch(run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
+        client.log_text(run_id, config_yaml, "config.yaml")
+        return cls(client, run_id, uri, system_metrics)
+
+    @classmethod
+    def reopen(cls, run_id: str, tracking_uri: str | None = None,
+               system_metrics: bool = False) -> "MlflowRun":
+        """A resumed run logs into the run it started (params are already there)."""
+        client, uri = _client(tracking_uri)
+        client.update_run(run_id, status="RUNNING")
+        return cls(client, run_id, uri, system_metrics)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
@@ -83,9 +102,33 @@ class MlflowRun:
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self.run_id, tags=[self._tag_cls(k, str(v)) for k, v in tags.items()])
 
+    def log_json(self, data: dict[str, Any], name: str) -> None:
+        self.client.log_dict(self.run_id, data, name)
+
     def finish(self, status: str = "FINISHED") -> None:
         self.flush()
+        if self._monitor is not None:
+            self._monitor.finish()
         self.client.set_terminated(self.run_id, status=status)
+
+
+def _client(tracking_uri: str | None):
+    # Runs happen on offline clusters and CI; no usage pings unless a user opts in.
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow.tracking import MlflowClient
+
+    uri = resolve_tracking_uri(tracking_uri)
+    return MlflowClient(uri), uri
+
+
+def _start_system_metrics(run_id: str, tracking_uri: str):
+    """MLflow's sampler thread (CPU, memory, GPU where pynvml is there) logging into run_id."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    # resume_logging: a resumed run continues the system metrics' step count
+    monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=tracking_uri)
+    monitor.start()
+    return monitor
 
 
 def config_to_yaml(config: dict[str, Any]) -> str:

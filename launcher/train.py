@@ -8,22 +8,33 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
+from launcher import checkpoint
 from launcher.config import RunConfig, load_run_config
 from launcher.cpu_memory import reuse_freed_memory
 from launcher.data import Batch, build_batches
-from launcher.distributed import init_process_group, rank
+from launcher.distributed import (broadcast_object, init_process_group, rank,
+                                  sequence_parallel_group, world_size)
 from launcher.engine import build_engine
+from launcher.layout import Layout, resolve_layout
 from launcher.overrides import ConfigError
+from launcher.signals import StopRequest
+from launcher.throughput import device_peak_tflops, memory_gib, mfu, train_flops_per_token
 from launcher.tracking import MlflowRun, config_to_yaml
 from model import Llama, count_parameters
+
+# Exit status of a run stopped by SIGTERM/SIGUSR1 after saving its checkpoint
+# (EX_TEMPFAIL: "try again"; `--resume auto` continues it).
+EXIT_PREEMPTED = 75
 
 
 @dataclass
@@ -38,31 +49,65 @@ class RunResult:
     tokens_per_s: float = 0.0    # mean over steps, eval excluded
     wall_s: float = 0.0
     diverged_at: int | None = None
+    resumed_from: int | None = None   # the checkpoint's step
+    stopped_by: str | None = None     # "SIGTERM"/"SIGUSR1": checkpointed and stopped early
+    last_checkpoint: str | None = None
 
 
-def default_run_name(config: RunConfig) -> str:
+def default_run_name(config: RunConfig, tokens_per_step: int | None = None) -> str:
     m = config.model
     return (f"{m.attention}-smooth_{m.smoothing}-qknorm_{'on' if m.qk_norm else 'off'}"
-            f"-tps{config.tokens_per_step}")
+            f"-tps{tokens_per_step or config.tokens_per_step}")
 
 
-def grid_tags(config: RunConfig) -> dict[str, str]:
+def grid_tags(config: RunConfig, tokens_per_step: int | None = None) -> dict[str, str]:
     """The paper's grid axes, as tags so runs can be filtered and grouped in MLflow."""
     m = config.model
-    return {"attention": m.attention, "smoothing": m.smoothing,
-            "qk_norm": str(m.qk_norm).lower(), "tokens_per_step": str(config.tokens_per_step),
+    tags = {"attention": m.attention, "smoothing": m.smoothing,
+            "qk_norm": str(m.qk_norm).lower(),
+            "tokens_per_step": str(tokens_per_step or config.tokens_per_step),
             "model_preset": str(m.preset)}
+    if config.tracking.tps_label:
+        tags["tps"] = config.tracking.tps_label
+    if os.environ.get("SAGEBWD_NODE"):  # the node profile a grid job runs on
+        tags["node"] = os.environ["SAGEBWD_NODE"]
+    return tags
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+class Shard:
+    """This rank's slice of every sample: tokens [sp_rank * L/sp, (sp_rank+1) * L/sp)."""
+
+    def __init__(self, layout: Layout, sp_rank: int, device: torch.device):
+        self.start = sp_rank * layout.local_seq_len
+        self.stop = self.start + layout.local_seq_len
+        self.device = device
+
+    def loss(self, engine, batch: Batch) -> torch.Tensor:
+        """Mean loss over this rank's tokens. The SP ranks' losses average to the sample's
+        loss, and their partial gradients sum to its gradient (see launcher.engine)."""
+        x, y = (t[:, self.start:self.stop].to(self.device) for t in batch)
+        return lm_loss(engine(x, start_pos=self.start), y)
+
+
+def world_mean(values: list[float], device) -> list[float]:
+    """Mean of each value over all ranks (one all-reduce)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if world_size() > 1:
+        dist.all_reduce(t)
+        t /= world_size()
+    return t.tolist()
+
+
 def _plain_grad_norm(engine) -> float | None:
     """Pre-clip global grad norm when DeepSpeed will not report one.
 
     With fp32 and no ZeRO the engine clips module grads in place but leaves
-    get_global_grad_norm() as None; its ZeRO/bf16 optimizers do report it.
+    get_global_grad_norm() as None; its ZeRO/bf16 optimizers do report it. The grads are
+    already averaged over the world here, so every rank computes the same norm.
     """
     if engine.zero_optimization() or engine.bfloat16_enabled() or engine.fp16_enabled():
         return None
@@ -70,17 +115,18 @@ def _plain_grad_norm(engine) -> float | None:
     return torch.stack(norms).norm().item() if norms else 0.0
 
 
-def evaluate(engine, batches: Iterable[Batch]) -> float:
+def evaluate(engine, batches: Iterable[Batch], shard: Shard) -> float:
     engine.eval()
     with torch.no_grad():
-        losses = [lm_loss(engine(x.to(engine.device)), y.to(engine.device)).item()
-                  for x, y in batches]
+        losses = [shard.loss(engine, batch).item() for batch in batches]
     engine.train()
-    return sum(losses) / len(losses)
+    return world_mean([sum(losses) / len(losses)], shard.device)[0]
 
 
-def train_step(engine, batches: Iterator[Batch], accum_steps: int) -> tuple[float, float]:
-    """One optimizer step over `accum_steps` micro-batches -> (mean loss, pre-clip grad norm).
+def train_step(engine, batches: Iterator[Batch], accum_steps: int,
+               shard: Shard) -> tuple[float, float]:
+    """One optimizer step over `accum_steps` micro-batches -> (this rank's mean loss,
+    pre-clip grad norm).
 
     engine.step() is called after every micro-batch; DeepSpeed only updates the weights (and
     the lr schedule) at the accumulation boundary, and scales the loss by 1/accum_steps.
@@ -88,15 +134,15 @@ def train_step(engine, batches: Iterator[Batch], accum_steps: int) -> tuple[floa
     loss_sum = torch.zeros((), device=engine.device)
     grad_norm = None
     for _ in range(accum_steps):
-        x, y = next(batches)
-        loss = lm_loss(engine(x.to(engine.device)), y.to(engine.device))
+        loss = shard.loss(engine, next(batches))
         engine.backward(loss)
         if engine.is_gradient_accumulation_boundary():
             grad_norm = _plain_grad_norm(engine)
         engine.step()
         loss_sum += loss.detach()
     if grad_norm is None:
-        grad_norm = float(engine.get_global_grad_norm() or float("nan"))
+        norm = engine.get_global_grad_norm()
+        grad_norm = float(norm) if norm is not None else float("nan")
     return loss_sum.item() / accum_steps, grad_norm
 
 
@@ -104,53 +150,123 @@ def say_now(line: str) -> None:
     print(line, flush=True)  # progress must show up live in piped CI/demo logs
 
 
-def start_tracking(config: RunConfig, name: str, model: Llama, world_size: int) -> MlflowRun:
+def start_tracking(config: RunConfig, name: str, model: Llama, layout: Layout,
+                   run_id: str | None) -> MlflowRun:
+    """Create the run (or reopen the one a checkpoint names); rank 0 only."""
+    t = config.tracking
+    if run_id:
+        return MlflowRun.reopen(run_id, t.tracking_uri, system_metrics=t.system_metrics)
     counts = count_parameters(model)
     params = {**config.to_dict(), "derived": {
-        "tokens_per_step": config.tokens_per_step, "world_size": world_size,
-        "n_params": counts["total"], "n_params_non_embedding": counts["non_embedding"]}}
-    return MlflowRun(experiment=config.tracking.experiment, run_name=name, params=params,
-                     tags=grid_tags(config), config_yaml=config_to_yaml(config.to_dict()),
-                     tracking_uri=config.tracking.tracking_uri)
+        **layout.as_dict(), "world_size": layout.world, "n_params": counts["total"],
+        "n_params_non_embedding": counts["non_embedding"],
+        "flops_per_token": train_flops_per_token(config.model)}}
+    return MlflowRun.create(experiment=t.experiment, run_name=name, params=params,
+                            tags=grid_tags(config, layout.tokens_per_step),
+                            config_yaml=config_to_yaml(config.to_dict()),
+                            tracking_uri=t.tracking_uri, system_metrics=t.system_metrics)
 
 
-def train(config: RunConfig, *, say: Callable[[str], None] = say_now) -> RunResult:
-    """Run one training run to completion (or divergence) and return its curves."""
+def train(config: RunConfig, *, resume: str = "none",
+          say: Callable[[str], None] = say_now) -> RunResult:
+    """Run one training run to completion (or divergence, or a stop signal)."""
+    stop = StopRequest().install()
     if not torch.cuda.is_available():
         reuse_freed_memory()  # before threads start; faster CPU steps: see cpu_memory.py
     init_process_group()
+    # Every check that can fail does so here, on every rank alike, before any collective.
+    layout = resolve_layout(config, world_size())
+    resume_from = checkpoint.resolve_resume(resume, config.checkpoint.dir)
+
+    sp_group, sp_rank = sequence_parallel_group(layout.sp)
     torch.manual_seed(config.seed)
     model = Llama(config.model)
-    engine = build_engine(model, config)
-    train_batches, eval_batches = build_batches(config)
-    tokens_per_step = config.tokens_per_step * engine.world_size
+    if layout.sp > 1:
+        from model.sequence_parallel import enable_ulysses
 
-    name = config.tracking.run_name or default_run_name(config)
-    tracker = start_tracking(config, name, model, engine.world_size) if rank() == 0 else None
+        enable_ulysses(model, sp_group)
+    engine = build_engine(model, config, layout)
+    from data_prep.loader import data_parallel_coords
+
+    dp_rank, dp_world = data_parallel_coords(rank(), layout.world, layout.sp)
+    train_batches, eval_batches = build_batches(config, dp_rank, dp_world)
+    shard = Shard(layout, sp_rank, engine.device)
+
+    state = None
+    if resume_from:
+        state = checkpoint.load(engine, *resume_from)
+        train_batches.load_state_dict(state.loader)
+    start_step = state.step if state else 0
+    name = config.tracking.run_name or default_run_name(config, layout.tokens_per_step)
+    result = RunResult(name=name, run_id=None, tracking_uri=None,
+                       resumed_from=state.step if state else None)
+    if start_step >= config.train.steps:
+        say(f"[{name}] already finished ({start_step} steps in {resume_from[0]}); nothing to do")
+        result.run_id = state.mlflow_run_id
+        return result
+
+    tracker = (start_tracking(config, name, model, layout, state and state.mlflow_run_id)
+               if rank() == 0 else None)
+    result.run_id = broadcast_object(tracker and tracker.run_id)  # one run for all ranks
+    result.tracking_uri = tracker and tracker.tracking_uri
     if tracker:
-        say(f"[{name}] {count_parameters(model)['total']:,} params, {tokens_per_step:,} "
-            f"tokens/step, MLflow run {tracker.run_id} in {tracker.tracking_uri}")
-    result = RunResult(name=name, run_id=tracker and tracker.run_id,
-                       tracking_uri=tracker and tracker.tracking_uri)
+        what = f"resumed at step {start_step} from {resume_from[0]}" if state else "started"
+        say(f"[{name}] {what}: {count_parameters(model)['total']:,} params, "
+            f"{layout.tokens_per_step:,} tokens/step = {layout.micro_batch} micro x "
+            f"{layout.grad_accum} accum x {layout.dp} DP x {layout.seq_len} seq (SP {layout.sp}, "
+            f"ZeRO {config.parallel.zero_stage}), MLflow run {tracker.run_id} in "
+            f"{tracker.tracking_uri}")
+
+    flops_per_token = train_flops_per_token(config.model)
+    peak = device_peak_tflops(config.train.peak_tflops)
+    tokens_seen = state.tokens_seen if state else 0
+    saved_step = start_step if state else None
+
+    def save_checkpoint(step: int) -> None:
+        nonlocal saved_step
+        if config.checkpoint.dir is None or saved_step == step:
+            return
+        if tracker:
+            tracker.flush()  # the store holds every metric up to the checkpoint
+        where = checkpoint.save(engine, config.checkpoint.dir, checkpoint.TrainerState(
+            step=step, tokens_seen=tokens_seen, mlflow_run_id=result.run_id,
+            loader=train_batches.state_dict(), rng=checkpoint.capture_rng()),
+            config.checkpoint.keep_last)
+        saved_step, result.last_checkpoint = step, str(where)
+        if tracker:
+            say(f"[{name}] checkpoint saved at step {step}: {where}")
+
     status = "FAILED"
     started = time.perf_counter()
-    step_seconds = 0.0
+    step_seconds, timed_steps = 0.0, 0
     try:
-        for step in range(1, config.train.steps + 1):
+        for step in range(start_step + 1, config.train.steps + 1):
             lr = engine.get_lr()[0]  # the lr this step's update uses
             t0 = time.perf_counter()
-            train_loss, grad_norm = train_step(engine, train_batches,
-                                               config.train.grad_accum_steps)
+            local_loss, grad_norm = train_step(engine, train_batches, layout.grad_accum, shard)
+            # One all-reduce per step: the world's mean loss, and whether any rank got a signal.
+            train_loss, stop_votes = world_mean([local_loss, float(stop.requested)],
+                                                engine.device)
             dt = time.perf_counter() - t0
-            step_seconds += dt
+            if step > start_step + 1:  # the first step of a process includes warm-up
+                step_seconds, timed_steps = step_seconds + dt, timed_steps + 1
+            tokens_seen += layout.tokens_per_step
+            per_device = layout.tokens_per_step / dt / layout.world
             metrics = {"loss": train_loss, "lr": lr, "grad_norm": grad_norm,
-                       "tokens_per_s": tokens_per_step / dt,
-                       "tokens_seen": step * tokens_per_step}
+                       "tokens_per_s": layout.tokens_per_step / dt,
+                       "tokens_per_s_per_gpu": per_device, "tokens_seen": tokens_seen,
+                       "memory_gib": memory_gib()}
+            if peak:
+                metrics["mfu"] = mfu(per_device, flops_per_token, peak)
             result.train_loss.append((step, train_loss))
 
-            if not math.isfinite(train_loss):
+            if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
                 result.diverged_at = step
-                say(f"[{name}] loss is {train_loss} at step {step}: stopping (diverged)")
+                kept = (f"the last good checkpoint is step {saved_step} in "
+                        f"{config.checkpoint.dir}" if saved_step else "no checkpoint was saved")
+                say(f"[{name}] loss {train_loss}, grad norm {grad_norm} at step {step}: "
+                    f"stopping (diverged); {kept}. Lower optimizer.lr or raise "
+                    "schedule.warmup_steps before resuming")
                 if tracker:
                     tracker.log_metrics(step, metrics)
                     tracker.set_tags({"diverged_at_step": str(step)})
@@ -158,22 +274,48 @@ def train(config: RunConfig, *, say: Callable[[str], None] = say_now) -> RunResu
 
             is_last = step == config.train.steps
             if step % config.eval.every == 0 or is_last:
-                metrics["eval_loss"] = evaluate(engine, eval_batches)
+                metrics["eval_loss"] = evaluate(engine, eval_batches, shard)
                 result.eval_loss.append((step, metrics["eval_loss"]))
             if tracker:
                 tracker.log_metrics(step, metrics)
                 if step % config.tracking.flush_every == 0:
                     tracker.flush()
-            if step == 1 or step % config.train.log_every == 0 or is_last:
+            if tracker and (step == start_step + 1 or step % config.train.log_every == 0
+                            or is_last):
                 say(progress_line(name, step, config.train.steps, metrics))
-        status = "FAILED" if result.diverged_at else "FINISHED"
+            if stop_votes > 0:
+                save_checkpoint(step)
+                result.stopped_by = stop.signal_name or "a peer rank's signal"
+                if tracker:
+                    say(f"[{name}] {result.stopped_by}: stopped after step {step}; continue "
+                        "with --resume auto")
+                break
+            if is_last or (config.checkpoint.every and step % config.checkpoint.every == 0):
+                save_checkpoint(step)
+        status = ("FAILED" if result.diverged_at else
+                  "KILLED" if result.stopped_by else "FINISHED")
     finally:
         result.wall_s = time.perf_counter() - started
-        if step_seconds:
-            result.tokens_per_s = len(result.train_loss) * tokens_per_step / step_seconds
+        if timed_steps:
+            result.tokens_per_s = timed_steps * layout.tokens_per_step / step_seconds
         if tracker:
+            if status != "KILLED":
+                tracker.log_json(run_summary(result, layout, peak, flops_per_token, status),
+                                 "summary.json")
             tracker.finish(status)
     return result
+
+
+def run_summary(result: RunResult, layout: Layout, peak: float | None,
+                flops_per_token: float, status: str) -> dict:
+    per_device = result.tokens_per_s / layout.world
+    return {"status": status, "layout": layout.as_dict(),
+            "final_train_loss": result.train_loss[-1][1] if result.train_loss else None,
+            "final_eval_loss": result.eval_loss[-1][1] if result.eval_loss else None,
+            "tokens_per_s": result.tokens_per_s, "tokens_per_s_per_gpu": per_device,
+            "mfu": mfu(per_device, flops_per_token, peak) if peak else None,
+            "peak_tflops": peak, "wall_s": result.wall_s, "diverged_at": result.diverged_at,
+            "resumed_from": result.resumed_from}
 
 
 def progress_line(name: str, step: int, steps: int, metrics: dict[str, float]) -> str:
@@ -188,6 +330,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m launcher.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="run config YAML")
+    parser.add_argument("--resume", default="none", metavar="auto|none|PATH",
+                        help="auto: continue from the newest checkpoint in checkpoint.dir if "
+                        "there is one (else start fresh); PATH: a checkpoint folder")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a config value, e.g. "
                         "--set model.attention=sagebwd (repeatable)")
@@ -200,11 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     try:
         config = load_run_config(args.config, args.overrides)
+        result = train(config, resume=args.resume)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    result = train(config)
-    return 1 if result.diverged_at else 0
+    if result.diverged_at:
+        return 1
+    return EXIT_PREEMPTED if result.stopped_by else 0
 
 
 if __name__ == "__main__":

@@ -61,13 +61,17 @@ class CausalSelfAttention(nn.Module):
         self.rope = rope
         self.core = CoreAttention(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        """x: (batch, seq, hidden), tokens start_pos.. of their sequences (non-zero for a
+        sequence-parallel shard, so RoPE sees the tokens' true positions)."""
         batch, seq, hidden = x.shape
         # (batch, seq, 3, heads, head_dim) -> three tensors of (batch, heads, seq, head_dim)
         q, k, v = (self.qkv(x).view(batch, seq, 3, self.num_heads, self.head_dim)
                    .permute(2, 0, 3, 1, 4).unbind(0))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q), self.rope(k)
+        positions = None if start_pos == 0 else torch.arange(start_pos, start_pos + seq,
+                                                             device=x.device)
+        q, k = self.rope(q, positions), self.rope(k, positions)
         y = self.core(q, k, v)
         return self.out(y.transpose(1, 2).reshape(batch, seq, hidden))

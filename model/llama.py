@@ -21,8 +21,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.ffn_hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), start_pos)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -53,13 +53,15 @@ class Llama(nn.Module):
             is_residual_out = name.endswith(("attn.out.weight", "mlp.down.weight"))
             nn.init.normal_(p, mean=0.0, std=residual_std if is_residual_out else std)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if input_ids.shape[1] > self.config.seq_len:
-            raise ValueError(f"input has {input_ids.shape[1]} tokens but the model was built "
-                             f"for seq_len {self.config.seq_len}")
+    def forward(self, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        """start_pos: position of input_ids[:, 0] in its sequence (a sequence-parallel shard
+        of rank r holds tokens r * seq_len/sp ...)."""
+        if start_pos + input_ids.shape[1] > self.config.seq_len:
+            raise ValueError(f"input has tokens up to position {start_pos + input_ids.shape[1]} "
+                             f"but the model was built for seq_len {self.config.seq_len}")
         x = self.embed(input_ids)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, start_pos)
         return self.lm_head(self.norm(x))
 
 

@@ -24,7 +24,7 @@ def test_tracking_uri_precedence(monkeypatch, tmp_path):
 def test_run_holds_params_tags_and_full_metric_history(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     params = {"model": {"attention": "sagebwd", "hidden_size": 128}, "seed": 7}
-    run = MlflowRun(experiment="unit", run_name="r1", params=params,
+    run = MlflowRun.create(experiment="unit", run_name="r1", params=params,
                     tags={"attention": "sagebwd"}, config_yaml="seed: 7\n", tracking_uri=uri)
     for step in range(1, 121):
         run.log_metrics(step, {"loss": 10.0 / step, "lr": 1e-3})

@@ -1,0 +1,50 @@
+"""DeepSpeed-Ulysses sequence parallelism around the model's one attention call.
+
+Outside attention each rank of an SP group holds seq_len/sp tokens of every sample. Before
+attention, DeepSpeed's `DistributedAttention` all-to-alls q, k, v so that each rank holds the
+whole sequence for num_heads/sp heads; the local kernel (SDPA or SageBwd, unchanged, causal
+over the full sequence) runs; a second all-to-all gives the sequence shard back.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class HeadsFirst(nn.Module):
+    """Adapts CoreAttention's (batch, heads, seq, dim) to DeepSpeed's (batch, seq, heads, dim)."""
+
+    def __init__(self, core: nn.Module):
+        super().__init__()
+        self.core = core
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return out.transpose(1, 2)
+
+
+class UlyssesAttention(nn.Module):
+    """Drop-in replacement for CoreAttention on one rank of an SP group."""
+
+    def __init__(self, core: nn.Module, group):
+        super().__init__()
+        from deepspeed.sequence.layer import DistributedAttention
+
+        # (batch, seq, heads, dim): scatter the heads (dim 2), gather the sequence (dim 1).
+        self.dist_attn = DistributedAttention(HeadsFirst(core), group, scatter_idx=2,
+                                              gather_idx=1)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # contiguous: the all-to-all reshapes its input with views
+        out = self.dist_attn(q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(),
+                             v.transpose(1, 2).contiguous(), batch_dim_idx=0)
+        return out.transpose(1, 2)
+
+
+def enable_ulysses(model: nn.Module, group) -> None:
+    """Wrap every layer's CoreAttention; call before the model goes to DeepSpeed."""
+    from model.attention import CausalSelfAttention
+
+    for module in model.modules():
+        if isinstance(module, CausalSelfAttention):
+            module.core = UlyssesAttention(module.core, group)

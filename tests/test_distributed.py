@@ -1,0 +1,220 @@
+"""Multi-process CPU worlds (gloo) through the real trainer CLI, DeepSpeed engine,
+DeepSpeed-Ulysses DistributedAttention and a real MLflow sqlite store.
+
+Every world below trains on the same global batch (4 sequences of 64 tokens per step), so
+all of them must give the reference's loss and pre-clip grad norm per step: DP=2, SP=2
+(ZeRO stages 0 and 3: DeepSpeed issue 5248 made SP gradients stage dependent), DP=2 x SP=2
+(4 processes, started through Slurm's variables), and a run killed with SIGKILL or stopped
+with SIGUSR1, then resumed with `--resume auto`, must repeat the reference bit for bit in
+one MLflow run.
+
+Each process is started directly (RANK/WORLD_SIZE/MASTER_* as torchrun would set them) and
+every wait has a deadline: a rank that fails must not leave its peers hanging the suite.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+REPO = Path(__file__).resolve().parent.parent
+STEPS = 6
+PROCESS_DEADLINE_S = 240
+BASE = ["--config", "experiments/configs/cpu-tiny.yaml",
+        "--set", "model.preset=micro", "--set", "model.block_q=32", "--set", "model.block_kv=32",
+        "--set", f"train.steps={STEPS}", "--set", "train.log_every=1",
+        "--set", "schedule.warmup_steps=1", "--set", "eval.every=3", "--set", "eval.batches=1",
+        "--set", "tracking.system_metrics=false", "--set", "tracking.flush_every=1",
+        "--set", "tracking.experiment=distributed"]
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class World:
+    """N trainer processes of one run; logs under log_dir."""
+
+    def __init__(self, n: int, args: list[str], log_dir: Path, slurm: bool = False):
+        log_dir.mkdir(parents=True, exist_ok=True)
+        port = str(_free_port())
+        self.procs, self.logs = [], []
+        for r in range(n):
+            env = {k: v for k, v in os.environ.items()
+                   if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK") and not k.startswith("SLURM_")}
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1",
+                       PYTHONUNBUFFERED="1")
+            if slurm:  # what srun gives each task; the trainer maps it to RANK/WORLD_SIZE
+                env.update(SLURM_PROCID=str(r), SLURM_NTASKS=str(n), SLURM_LOCALID=str(r))
+            else:
+                env.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r))
+            log = log_dir / f"rank{r}.log"
+            self.logs.append(log)
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "launcher.train", *args], cwd=REPO, env=env,
+                stdout=open(log, "w"), stderr=subprocess.STDOUT))
+
+    def wait(self, deadline_s: float = PROCESS_DEADLINE_S) -> list[int]:
+        end = time.monotonic() + deadline_s
+        try:
+            return [p.wait(timeout=max(1.0, end - time.monotonic())) for p in self.procs]
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"world did not finish in {deadline_s}s:\n{self.output()}")
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait()
+
+    def output(self) -> str:
+        return "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in self.logs)
+
+    def wait_for_line(self, text: str, deadline_s: float = PROCESS_DEADLINE_S) -> None:
+        end = time.monotonic() + deadline_s
+        while text not in self.logs[0].read_text():
+            if time.monotonic() > end or any(p.poll() is not None for p in self.procs):
+                self.kill()
+                pytest.fail(f"never saw {text!r}:\n{self.output()}")
+            time.sleep(0.2)
+
+
+def run_world(n: int, name: str, store: Path, extra: list[str], slurm: bool = False) -> None:
+    args = [*BASE, "--set", f"tracking.run_name={name}",
+            "--set", f"tracking.tracking_uri=sqlite:///{store / 'mlflow.db'}", *extra]
+    world = World(n, args, store / name, slurm=slurm)
+    codes = world.wait()
+    assert codes == [0] * n, world.output()
+
+
+def curves(store: Path, name: str) -> dict[str, list[tuple[int, float]]]:
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("distributed")
+    runs = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == name]
+    assert len(runs) == 1, f"{len(runs)} MLflow runs named {name}"
+    run_id = runs[0].info.run_id
+    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+            for key in ("loss", "grad_norm", "eval_loss")} | {"_status": runs[0].info.status}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("distributed")
+
+
+@pytest.fixture(scope="module")
+def reference(store):
+    """One process, micro batch 4: the curve every other world must reproduce."""
+    run_world(1, "reference", store, ["--set", "train.micro_batch_size=4"])
+    return curves(store, "reference")
+
+
+@pytest.fixture(scope="module")
+def dp2(store):
+    """Two data-parallel processes, micro batch 2, ZeRO 1; the interrupted runs must repeat
+    it bit for bit."""
+    run_world(2, "dp2", store, ["--set", "train.micro_batch_size=2"])
+    return curves(store, "dp2")
+
+
+# DeepSpeed's ZeRO-1/2 grad norm differs from the plain norm of the same gradients by
+# ~1e-4 relative here (it adds one small norm-scale gradient twice); stage 0 and 3 agree
+# with the plain norm. The tolerance is far below the sp-fold error of issue 5248.
+GRAD_NORM_REL = 1e-3
+
+
+def assert_same_curves(got, want, rel=1e-5, grad_norm_rel=GRAD_NORM_REL):
+    for key in ("loss", "grad_norm", "eval_loss"):
+        assert [s for s, _ in got[key]] == [s for s, _ in want[key]], key
+        tol = grad_norm_rel if key == "grad_norm" else rel
+        assert [v for _, v in got[key]] == pytest.approx([v for _, v in want[key]], rel=tol), key
+
+
+def test_data_parallel_matches_one_process(dp2, reference):
+    assert dp2["_status"] == "FINISHED"
+    assert len(dp2["loss"]) == STEPS and dp2["loss"][-1][1] < dp2["loss"][0][1]
+    assert_same_curves(dp2, reference)
+
+
+@pytest.mark.parametrize("name, n, extra, slurm", [
+    ("sp2-zero0", 2, ["--set", "train.micro_batch_size=4", "--set", "parallel.sp=2",
+                      "--set", "parallel.zero_stage=0"], False),
+    ("sp2-zero3", 2, ["--set", "train.micro_batch_size=4", "--set", "parallel.sp=2",
+                      "--set", "parallel.zero_stage=3"], False),
+    ("dp2xsp2-zero2-slurm", 4, ["--set", "train.micro_batch_size=2", "--set", "parallel.sp=2",
+                                "--set", "parallel.zero_stage=2",
+                                "--set", "train.tokens_per_step=256"], True),
+])
+def test_world_matches_one_process(store, reference, name, n, extra, slurm):
+    run_world(n, name, store, extra, slurm=slurm)
+    got = curves(store, name)
+    assert got["_status"] == "FINISHED"
+    assert len(got["loss"]) == STEPS and got["loss"][-1][1] < got["loss"][0][1]
+    assert_same_curves(got, reference)
+
+
+def test_uneven_head_split_fails_on_every_rank_with_the_key(store):
+    """micro has 2 heads: sp=4 cannot split them, and no rank may hang on the others."""
+    args = [*BASE, "--set", "parallel.sp=4",
+            "--set", f"tracking.tracking_uri=sqlite:///{store / 'mlflow.db'}"]
+    world = World(4, args, store / "uneven")
+    assert world.wait(120) == [2] * 4, world.output()
+    assert "model.num_heads (2) must be divisible by parallel.sp (4)" in world.logs[0].read_text()
+
+
+def test_tps_that_cannot_be_met_names_the_keys(store):
+    args = [*BASE, "--set", "train.micro_batch_size=3", "--set", "train.tokens_per_step=256",
+            "--set", f"tracking.tracking_uri=sqlite:///{store / 'mlflow.db'}"]
+    world = World(2, args, store / "bad-tps")
+    assert world.wait(120) == [2, 2], world.output()
+    text = world.logs[0].read_text()
+    assert "train.tokens_per_step (256" in text and "train.micro_batch_size (3)" in text
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigusr1"])
+def test_interrupted_run_resumes_to_the_same_trajectory_in_one_mlflow_run(store, dp2, how):
+    name = f"resume-{how}"
+    ckpt = store / name / "checkpoints"
+    args = [*BASE, "--set", "train.micro_batch_size=2", "--set", f"tracking.run_name={name}",
+            "--set", f"tracking.tracking_uri=sqlite:///{store / 'mlflow.db'}",
+            "--set", f"checkpoint.dir={ckpt}", "--set", "checkpoint.every=2",
+            "--set", "checkpoint.keep_last=1", "--resume", "auto"]
+    world = World(2, args, store / name / "first")
+    if how == "sigkill":   # a crash: no chance to save; resume from the step-2 checkpoint
+        world.wait_for_line("checkpoint saved at step 2")
+        world.wait_for_line(f"step 3/{STEPS}")
+        world.kill()
+        assert (ckpt / "latest").read_text() == "step00000002"
+    else:                  # Slurm's pre-timeout signal, to one rank only: both must stop
+        world.wait_for_line(f"step 3/{STEPS}")
+        world.procs[1].send_signal(signal.SIGUSR1)
+        codes = world.wait()
+        assert codes == [75, 75], world.output()
+        stopped_at = int((ckpt / "latest").read_text().removeprefix("step"))
+        assert 3 <= stopped_at < STEPS, world.output()
+        assert curves(store, name)["_status"] == "KILLED"
+    resumed = World(2, args, store / name / "second")
+    assert resumed.wait() == [0, 0], resumed.output()
+    assert "resumed at step" in resumed.logs[0].read_text()
+    got = curves(store, name)   # exactly one MLflow run with this name
+    assert got["_status"] == "FINISHED"
+    # The killed attempt may have logged steps past its checkpoint; they come again after
+    # the resume with the same values, so compare one value per step.
+    for key in ("loss", "grad_norm", "eval_loss"):
+        got[key] = sorted(dict(got[key]).items())
+    assert_same_curves(got, dp2, rel=0, grad_norm_rel=0)  # bit-identical
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step")) == [
+        f"step{STEPS:08d}"]   # keep_last=1 pruned the older ones

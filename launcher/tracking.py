@@ -123,12 +123,16 @@ def _client(tracking_uri: str | None):
 
 def _start_system_metrics(run_id: str, tracking_uri: str):
     """MLflow's sampler thread (CPU, memory, GPU where pynvml is there) logging into run_id."""
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-    # resume_logging: a resumed run continues the system metrics' step count
-    monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=tracking_uri)
-    monitor.start()
-    return monitor
+        # resume_logging: a resumed run continues the system metrics' step count
+        monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=tracking_uri)
+        monitor.start()
+        return monitor
+    except Exception as err:  # a sampler is not worth stopping a training run for
+        print(f"warning: MLflow system metrics are off ({type(err).__name__}: {err})", flush=True)
+        return None
 
 
 def config_to_yaml(config: dict[str, Any]) -> str:

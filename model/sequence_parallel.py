@@ -19,7 +19,9 @@ class HeadsFirst(nn.Module):
         self.core = core
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        # contiguous: the kernels get the same memory layout as without SP
+        out = self.core(q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(),
+                        v.transpose(1, 2).contiguous())
         return out.transpose(1, 2)
 
 

@@ -1,0 +1,108 @@
+"""`python -m launcher.bench_parallel --config FILE --out DIR [--nproc 2] [--set k=v ...]`
+
+FPA vs SageBwd throughput on this machine's GPUs, each as DP=nproc and as SP=nproc: four
+real training runs of launcher.train started with torchrun, logged to one MLflow store
+(DIR/mlflow.db), then a Markdown table (DIR/results.md) read back from that store.
+The table is rewritten after every run, so a time limit still leaves the finished rows.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+WARMUP_STEPS_SKIPPED = 10   # first steps include compilation and allocator growth
+RUN_TIMEOUT_S = 600
+
+
+def layouts(nproc: int) -> list[tuple[str, list[str]]]:
+    return [(f"dp{nproc}", ["parallel.sp=1"]), (f"sp{nproc}", [f"parallel.sp={nproc}"])]
+
+
+def backends() -> list[tuple[str, list[str]]]:
+    return [("fpa", ["model.attention=fpa", "model.smoothing=none"]),
+            ("sagebwd", ["model.attention=sagebwd", "model.smoothing=k"])]
+
+
+def run_one(name: str, args: argparse.Namespace, sets: list[str], log) -> int:
+    uri = f"sqlite:///{Path(args.out).resolve() / 'mlflow.db'}"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={args.nproc}", "-m", "launcher.train", "--config", args.config]
+    for item in [*args.overrides, *sets, f"tracking.run_name={name}",
+                 f"tracking.tracking_uri={uri}"]:
+        cmd += ["--set", item]
+    log.write(f"\n=== {name}: {' '.join(cmd)}\n")
+    log.flush()
+    try:
+        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=args.run_timeout).returncode
+    except subprocess.TimeoutExpired:
+        log.write(f"=== {name}: timed out after {args.run_timeout}s\n")
+        return 124
+
+
+def table(store: Path, experiment: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{store}")
+    exp = client.get_experiment_by_name(experiment)
+    rows = ["| run | layout | status | steps | tokens/s (all GPUs) | tokens/s per GPU | MFU | "
+            "peak mem GiB | final loss | eval loss |", "|---" * 10 + "|"]
+    if exp is None:
+        return "\n".join(rows)
+    for run in sorted(client.search_runs([exp.experiment_id]), key=lambda r: r.info.start_time):
+        def series(key: str) -> list[float]:
+            return [m.value for m in sorted(client.get_metric_history(run.info.run_id, key),
+                                            key=lambda m: m.step)]
+
+        def median(key: str) -> float | None:
+            values = series(key)[WARMUP_STEPS_SKIPPED:]
+            return statistics.median(values) if values else None
+
+        p = run.data.params
+        layout = (f"DP {p.get('derived.dp')} x SP {p.get('derived.sp')}, micro "
+                  f"{p.get('derived.micro_batch')}, seq {p.get('model.seq_len')}, ZeRO "
+                  f"{p.get('parallel.zero_stage')}")
+        loss, evals, mem = series("loss"), series("eval_loss"), series("memory_gib")
+        mfu = median("mfu")
+        fmt = lambda v, f: "—" if v is None else format(v, f)  # noqa: E731
+        rows.append(
+            f"| {run.info.run_name} | {layout} | {run.info.status} | {len(loss)} | "
+            f"{fmt(median('tokens_per_s'), ',.0f')} | {fmt(median('tokens_per_s_per_gpu'), ',.0f')} | "
+            f"{'—' if mfu is None else f'{100 * mfu:.1f}%'} | {fmt(max(mem) if mem else None, '.1f')} | "
+            f"{fmt(loss[-1] if loss else None, '.3f')} | {fmt(evals[-1] if evals else None, '.3f')} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.bench_parallel", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out", required=True, help="folder for mlflow.db, results.md, bench.log")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--run-timeout", type=int, default=RUN_TIMEOUT_S)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from launcher.config import load_run_config
+
+    experiment = load_run_config(args.config, args.overrides).tracking.experiment
+    failures = 0
+    with open(out / "bench.log", "a") as log:
+        for layout, layout_sets in layouts(args.nproc):
+            for backend, backend_sets in backends():
+                code = run_one(f"{backend}-{layout}", args, [*layout_sets, *backend_sets], log)
+                failures += code != 0
+                text = table(out / "mlflow.db", experiment)
+                (out / "results.md").write_text(text + "\n")
+                print(f"{backend}-{layout}: exit {code}\n{text}", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

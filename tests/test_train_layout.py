@@ -1,0 +1,96 @@
+"""World layout and TPS arithmetic (launcher.layout), DeepSpeed config derivation,
+checkpoint markers and MFU, without starting any process group."""
+from __future__ import annotations
+
+import pytest
+
+from launcher import checkpoint
+from launcher.config import build_run_config
+from launcher.engine import deepspeed_config
+from launcher.layout import resolve_layout
+from launcher.overrides import ConfigError
+from launcher.throughput import mfu, train_flops_per_token
+
+
+def config(model=None, train=None, parallel=None):
+    return build_run_config({"model": {"preset": "llama-325m", **(model or {})},
+                             "train": {"steps": 10, "micro_batch_size": 8, **(train or {})},
+                             "parallel": parallel or {}})
+
+
+@pytest.mark.parametrize("tps, world, sp, micro, accum", [
+    (2_097_152, 64, 1, 8, 1),     # the paper's 2.1M = 512 x 4096 on 64 GPUs
+    (2_097_152, 8, 1, 8, 8),      # ... on one 8-GPU node
+    (2_097_152, 8, 2, 8, 16),     # SP 2 halves DP, doubles accumulation
+    (262_144, 8, 1, 8, 1),        # 260K = 64 x 4096
+    (262_144, 4, 4, 16, 4),
+])
+def test_tokens_per_step_resolves_to_micro_accum_dp(tps, world, sp, micro, accum):
+    layout = resolve_layout(config(train={"tokens_per_step": tps, "micro_batch_size": micro},
+                                   parallel={"sp": sp}), world)
+    assert (layout.dp, layout.sp, layout.grad_accum) == (world // sp, sp, accum)
+    assert layout.tokens_per_step == tps and layout.global_batch * 4096 == tps
+
+
+def test_without_a_target_the_world_sets_the_tokens():
+    layout = resolve_layout(config(train={"grad_accum_steps": 2}), 4)
+    assert layout.tokens_per_step == 8 * 2 * 4 * 4096
+
+
+@pytest.mark.parametrize("train, parallel, world, message", [
+    ({"tokens_per_step": 262_144, "micro_batch_size": 3}, {}, 8,
+     "train.tokens_per_step (262,144 = 64 sequences of 4096) cannot be met with "
+     "train.micro_batch_size (3) x 8 data-parallel ranks"),
+    ({"tokens_per_step": 262_144, "grad_accum_steps": 2}, {}, 8,
+     "train.grad_accum_steps (2) contradicts train.tokens_per_step (262,144)"),
+    ({}, {"sp": 4}, 6, "parallel.sp (4) must divide the world size (6 processes)"),
+])
+def test_layouts_that_cannot_work_name_the_keys(train, parallel, world, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        resolve_layout(config(train=train, parallel=parallel), world)
+
+
+@pytest.mark.parametrize("model, train, parallel, message", [
+    ({}, {}, {"sp": 3}, "model.num_heads (16) must be divisible by parallel.sp (3)"),
+    ({"num_heads": 8, "hidden_size": 512, "seq_len": 100}, {}, {"sp": 8},
+     "model.seq_len (100) must be divisible by parallel.sp (8)"),
+    ({}, {"tokens_per_step": 5000}, {}, "train.tokens_per_step (5000) must be a whole number"),
+    ({}, {}, {"zero_stage": 4}, "parallel.zero_stage"),
+])
+def test_static_layout_errors_fail_validation(model, train, parallel, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        config(model=model, train=train, parallel=parallel)
+
+
+def test_deepspeed_config_follows_the_run_config():
+    cfg = config(train={"tokens_per_step": 2_097_152, "precision": "bf16"},
+                 parallel={"sp": 2, "zero_stage": 3})
+    ds = deepspeed_config(cfg, resolve_layout(cfg, 8))
+    assert ds["train_micro_batch_size_per_gpu"] == 8 and ds["gradient_accumulation_steps"] == 16
+    assert ds["zero_optimization"] == {"stage": 3} and ds["bf16"] == {"enabled": True}
+    assert "sequence_parallel_size" not in ds  # see launcher.engine: issue 5248
+
+
+def test_resume_auto_without_a_dir_or_with_a_bad_marker(tmp_path):
+    with pytest.raises(ConfigError, match="needs checkpoint.dir"):
+        checkpoint.resolve_resume("auto", None)
+    assert checkpoint.resolve_resume("auto", str(tmp_path)) is None  # fresh start
+    (tmp_path / "latest").write_text("step00000007")
+    with pytest.raises(ConfigError, match="step00000007.*missing"):
+        checkpoint.resolve_resume("auto", str(tmp_path))
+    (tmp_path / "step00000007").mkdir()
+    assert checkpoint.resolve_resume("auto", str(tmp_path)) == (tmp_path, "step00000007")
+    assert checkpoint.resolve_resume(str(tmp_path / "step00000007"), None) == (
+        tmp_path, "step00000007")
+    with pytest.raises(ConfigError, match="no checkpoint there"):
+        checkpoint.resolve_resume(str(tmp_path / "nothing"), None)
+
+
+def test_flops_per_token_matches_the_planner_and_mfu_is_a_fraction():
+    from experiments.manifest_cost import train_flops_per_token as planned
+
+    m = config().model
+    assert train_flops_per_token(m) == planned(hidden=m.hidden_size, layers=m.num_layers,
+                                               ffn=m.ffn_hidden_size, vocab=m.padded_vocab_size,
+                                               seq_len=m.seq_len)
+    assert mfu(100_000, 1e9, 1000.0) == pytest.approx(0.1)

@@ -335,6 +335,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", default="none", metavar="auto|none|PATH",
                         help="auto: continue from the newest checkpoint in checkpoint.dir if "
                         "there is one (else start fresh); PATH: a checkpoint folder")
+    # The `deepspeed` launcher appends --local_rank=N (it also sets LOCAL_RANK, which we read).
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a config value, e.g. "
                         "--set model.attention=sagebwd (repeatable)")

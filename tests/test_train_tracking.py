@@ -48,3 +48,32 @@ def test_run_holds_params_tags_and_full_metric_history(tmp_path):
     assert artifacts == ["config.yaml"]
     # artifacts sit next to the sqlite file, not in a cwd-relative ./mlruns
     assert stored.info.artifact_uri.startswith((tmp_path / "mlflow-artifacts").as_uri())
+
+
+def test_grid_job_tags_parent_run_and_reopen_keeps_one_run(tmp_path, monkeypatch):
+    from launcher.config import build_run_config
+    from launcher.train import grid_tags
+
+    monkeypatch.setenv("SAGEBWD_PARENT_RUN_ID", "parent123")
+    monkeypatch.setenv("SAGEBWD_NODE", "b200")
+    config = build_run_config({"model": {"preset": "micro"},
+                               "train": {"steps": 4, "micro_batch_size": 2,
+                                         "tokens_per_step": 256},
+                               "tracking": {"tps_label": "2.1m"}})
+    tags = grid_tags(config)
+    assert tags["tps"] == "2.1m" and tags["node"] == "b200" and tags["tokens_per_step"] == "256"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = MlflowRun.create(experiment="unit", run_name="r", params={"a": 1}, tags=tags,
+                             config_yaml="a: 1\n", tracking_uri=uri)
+    first.log_metrics(1, {"loss": 2.0})
+    first.finish("KILLED")
+    again = MlflowRun.reopen(first.run_id, uri)
+    again.log_metrics(2, {"loss": 1.0})
+    again.log_json({"status": "FINISHED"}, "summary.json")
+    again.finish()
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("unit").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == "parent123"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == [
+        "config.yaml", "summary.json"]

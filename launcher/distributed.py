@@ -13,6 +13,7 @@ import torch.distributed as dist
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SINGLE_PROCESS_ENV = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0",
                       "WORLD_SIZE": "1"}
+ONE_PROCESS_MARK = "SAGEBWD_ONE_PROCESS_PORT"
 # A rank that dies mid-collective must not leave its peers waiting for DeepSpeed's 30 min.
 COLLECTIVE_TIMEOUT = timedelta(minutes=int(os.environ.get("SAGEBWD_COLLECTIVE_TIMEOUT_MIN", "10")))
 
@@ -44,7 +45,11 @@ def world_env_from_launcher() -> dict[str, str]:
     srun); else a one-process world on a free port, so parallel test runs do not collide.
     """
     env = os.environ
-    if "RANK" in env and "WORLD_SIZE" in env:
+    # Our own one-process env, inherited from a parent that trained in-process (a test
+    # session), is stale: its port is the parent's. A launcher's env has another port.
+    inherited = env.get(ONE_PROCESS_MARK) is not None and env.get(ONE_PROCESS_MARK) == env.get(
+        "MASTER_PORT")
+    if "RANK" in env and "WORLD_SIZE" in env and not inherited:
         return {}
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         job = int(env.get("SLURM_JOB_ID", "0"))
@@ -52,7 +57,8 @@ def world_env_from_launcher() -> dict[str, str]:
                 "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
                 "MASTER_ADDR": env.get("MASTER_ADDR") or _first_slurm_host(),
                 "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + job % 20000)}
-    return {**SINGLE_PROCESS_ENV, "MASTER_PORT": _free_port()}
+    port = _free_port()
+    return {**SINGLE_PROCESS_ENV, "MASTER_PORT": port, ONE_PROCESS_MARK: port}
 
 
 def init_process_group() -> None:

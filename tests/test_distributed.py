@@ -219,3 +219,29 @@ def test_interrupted_run_resumes_to_the_same_trajectory_in_one_mlflow_run(store,
     assert_same_curves(got, dp2, rel=0, grad_norm_rel=0)  # bit-identical
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step")) == [
         f"step{STEPS:08d}"]   # keep_last=1 pruned the older ones
+
+
+def test_world_env_precedence_launcher_then_slurm_then_one_process(monkeypatch):
+    from launcher.distributed import ONE_PROCESS_MARK, world_env_from_launcher
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", ONE_PROCESS_MARK,
+                "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("MASTER_ADDR", "head")
+    assert world_env_from_launcher() == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                                         "MASTER_ADDR": "head", "MASTER_PORT": "20077"}
+    monkeypatch.setenv("RANK", "0")          # torchrun's variables win over Slurm's
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert world_env_from_launcher() == {}
+    for key in ("SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(key)
+    # a one-process env inherited from a parent that trained in-process is replaced
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv(ONE_PROCESS_MARK, "29500")
+    fresh = world_env_from_launcher()
+    assert fresh["WORLD_SIZE"] == "1" and fresh["MASTER_PORT"] != "29500"

@@ -109,7 +109,7 @@ def test_smoothing_and_blocks_reach_sagebwd_call(smoothing, smooth_q, smooth_k, 
     model = Llama(micro(attention="sagebwd", smoothing=smoothing, block_q=32, block_kv=16))
     model(torch.randint(0, 512, (1, 64)))
     assert calls == [dict(causal=True, smooth_k=smooth_k, smooth_q=smooth_q,
-                          block_q=32, block_kv=16)] * 2
+                          block_q=32, block_kv=16, check_finite=False)] * 2
 
 
 def test_fpa_never_calls_sagebwd(monkeypatch):

@@ -141,7 +141,7 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
         if manifest.experiment:
             owned["experiment"] = manifest.experiment
         planned = {"tps": point.tokens, "sp": layout.sp, "zero_stage": layout.zero_stage,
-                   "checkpoint_dir": str(run_dir / "checkpoints")}
+                   "checkpoint_dir": str(run_dir / "checkpoints"), "tps_label": cell.tps}
         for concept, value in planned.items():
             if accepts(concept):
                 owned[concept] = value

@@ -34,6 +34,7 @@ TRAINER_KEYS: dict[str, str] = {
     "sp": "parallel.sp",
     "zero_stage": "parallel.zero_stage",
     "checkpoint_dir": "checkpoint.dir",
+    "tps_label": "tracking.tps_label",   # the manifest's TPS name (e.g. 2.1m), as the MLflow tag
 }
 # The trainer flag that resumes from the newest checkpoint in checkpoint_dir (issue 5).
 RESUME_ARGS = ("--resume", "auto")

@@ -56,6 +56,8 @@ def test_main_on_b200_is_the_papers_grid():
     assert "--set" in big.argv and "model.smoothing=k" in big.argv
     assert "schedule.warmup_steps=1000" in big.argv and "schedule.warmup_steps=7500" in small.argv
     assert "tracking.run_name=main-tps2.1m-sagebwd-qknorm-k" in big.argv
+    # the trainer tags its MLflow run with the manifest's TPS label, which compare shows
+    assert "tracking.tps_label=2.1m" in big.argv and "tracking.tps_label=260k" in small.argv
     assert plan.experiment == "sagebwd-main"
 
 

@@ -29,7 +29,7 @@ TRAINER_KEYS: dict[str, str] = {
     "warmup_steps": "schedule.warmup_steps",
     "run_name": "tracking.run_name",
     "experiment": "tracking.experiment",
-    # planned (issue 5):
+    # DP x SP, checkpoint and tag keys (issue 5): passed only where launcher.config accepts them
     "tps": "train.tokens_per_step",
     "sp": "parallel.sp",
     "zero_stage": "parallel.zero_stage",

@@ -42,6 +42,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def deterministic_default() -> bool:
+    """The backward's dQ mode when the caller names none: SAGEBWD_DETERMINISTIC=0 picks the
+    fused dK/dV/dQ kernel with fp32 atomics for dQ; anything else the deterministic kernels."""
+    return os.environ.get("SAGEBWD_DETERMINISTIC", "1").strip() != "0"
+
+
 INTERPRETING = tl.constexpr(interpreting())   # fixed at import, like Triton's own reading of the variable
 
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LAUNCH_OVERRIDES, LOG2E, int_to_float, interpreting, launch_settings, quantize_row_groups, quantize_tile, remember
+from ._common import LAUNCH_OVERRIDES, deterministic_default, LOG2E, int_to_float, interpreting, launch_settings, quantize_row_groups, quantize_tile, remember
 from .forward import smooth_q_bias
 
 
@@ -37,8 +37,9 @@ def _dot16(a, b, DOT_F32: tl.constexpr):
 def _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, lo, hi,
                 Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh,
                 stride_don, stride_dod, k_scale, bias_scale, N,
+                DQ_bh, k8_cols, dq_scale,
                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, KV_TILES: tl.constexpr, MASKED: tl.constexpr,
-                SMOOTH_Q: tl.constexpr, DOT_F32: tl.constexpr):
+                SMOOTH_Q: tl.constexpr, DOT_F32: tl.constexpr, FUSED_DQ: tl.constexpr):
     # k_scale is per row (each row's kv block scale): a program may hold KV_TILES kv blocks.
     offs_d = tl.arange(0, HEAD_DIM)
     for start_m in range(lo, hi, BLOCK_M):
@@ -60,24 +61,34 @@ def _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, lo, hi,
         do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
         dp_t = _dot16(v, tl.trans(do), DOT_F32)
         ds_t = p_t * (dp_t - tl.load(DELTA_bh + offs_m)[None, :])
-        ds8_t, ds_scale = quantize_row_groups(ds_t, KV_TILES)
         q8_cols = tl.trans(tl.load(Q8T_bh + offs_d[:, None] * N + offs_m[None, :]))
-        dk += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * (ds_scale * q_scale)[:, None]
+        if FUSED_DQ:   # KV_TILES == 1: one scale per tile; dQ_i += int(dS^ K^_j) s_dS s_K sm_scale, atomically
+            ds8_t, ds_s = quantize_tile(ds_t)
+            dk += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * (ds_s * q_scale)
+            dq_i = int_to_float(tl.dot(tl.trans(ds8_t), k8_cols, out_dtype=tl.int32)) * (ds_s * dq_scale)
+            tl.atomic_add(DQ_bh + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq_i, sem="relaxed")
+        else:
+            ds8_t, ds_scale = quantize_row_groups(ds_t, KV_TILES)
+            dk += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * (ds_scale * q_scale)[:, None]
         if SMOOTH_Q:   # the bias branch: colsum(dS_i)^T mu_i, from the unquantised dS
             dk += tl.sum(ds_t, axis=1)[:, None] * mu[None, :]
     return dk, dv
 
 
 @triton.jit
-def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, DK, DV, MU, KF, KMEAN,
+def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, DK, DV, MU, KF, KMEAN, K8T, DQ,
                  stride_vb, stride_vh, stride_vn, stride_vd,
                  stride_dob, stride_doh, stride_don, stride_dod,
                  stride_kfb, stride_kfh, stride_kfn, stride_kfd,
                  sm_scale, H, N,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
                  CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr,
-                 DOT_F32: tl.constexpr):
-    """BLOCK_N kv rows per program: BLOCK_N // KV_BLOCK quantisation blocks, each with its own scales."""
+                 DOT_F32: tl.constexpr, FUSED_DQ: tl.constexpr):
+    """BLOCK_N kv rows per program: BLOCK_N // KV_BLOCK quantisation blocks, each with its own scales.
+
+    FUSED_DQ (BLOCK_N == KV_BLOCK only): also add each tile's dQ contribution to the fp32 DQ
+    buffer with atomics (FlashAttention-2's scheme): no dQ kernel, but the sum order varies.
+    """
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -106,6 +117,13 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, DK, DV, MU, 
     DELTA_bh = DELTA + bh * N
     MU_bh = MU + bh * (N // BLOCK_M) * HEAD_DIM
     bias_scale = sm_scale * LOG2E
+    DQ_bh = DQ + seq_base
+    if FUSED_DQ:
+        k8_cols = tl.trans(tl.load(K8T + seq_base + offs_d[:, None] * N + offs_n[None, :]))
+        dq_scale = tl.load(SK + bh * (N // KV_BLOCK) + pid_n) * sm_scale
+    else:
+        k8_cols = 0
+        dq_scale = 0.0
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -116,17 +134,17 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, DK, DV, MU, 
         mask_hi = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M, N)
         dk, dv = _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, lo, mask_hi,
                              Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh,
-                             stride_don, stride_dod, k_scale, bias_scale, N,
-                             BLOCK_M, HEAD_DIM, BLOCK_N // KV_BLOCK, True, SMOOTH_Q, DOT_F32)
+                             stride_don, stride_dod, k_scale, bias_scale, N, DQ_bh, k8_cols, dq_scale,
+                             BLOCK_M, HEAD_DIM, BLOCK_N // KV_BLOCK, True, SMOOTH_Q, DOT_F32, FUSED_DQ)
         dk, dv = _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, mask_hi, N,
                              Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh,
-                             stride_don, stride_dod, k_scale, bias_scale, N,
-                             BLOCK_M, HEAD_DIM, BLOCK_N // KV_BLOCK, False, SMOOTH_Q, DOT_F32)
+                             stride_don, stride_dod, k_scale, bias_scale, N, DQ_bh, k8_cols, dq_scale,
+                             BLOCK_M, HEAD_DIM, BLOCK_N // KV_BLOCK, False, SMOOTH_Q, DOT_F32, FUSED_DQ)
     else:
         dk, dv = _dkdv_tiles(dk, dv, k8, v, ksm, offs_n, 0, N,
                              Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh,
-                             stride_don, stride_dod, k_scale, bias_scale, N,
-                             BLOCK_M, HEAD_DIM, BLOCK_N // KV_BLOCK, False, SMOOTH_Q, DOT_F32)
+                             stride_don, stride_dod, k_scale, bias_scale, N, DQ_bh, k8_cols, dq_scale,
+                             BLOCK_M, HEAD_DIM, BLOCK_N // KV_BLOCK, False, SMOOTH_Q, DOT_F32, FUSED_DQ)
     out = seq_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty))
     tl.store(DV + out, dv.to(DV.dtype.element_ty))
@@ -215,17 +233,24 @@ def _launch_settings(name: str, rows: int, head_dim: int, stage_bytes: int) -> d
     # Best of the sweep on an H200 (docs/kernel-notes.md): 8 warps only for d=128 with 128 rows;
     # pipeline depth as the loop's per-stage tiles fit in ~160 KB of shared memory.
     warps = 8 if head_dim >= 128 or rows * head_dim >= 128 * 128 else 4
-    stages = max(1, min(2 if name == "dkdv" else 3, 160 * 1024 // stage_bytes))
+    stages = max(1, min(2 if name.startswith("dkdv") else 3, 160 * 1024 // stage_bytes))
     return launch_settings(name, dict(num_warps=warps, num_stages=stages))
 
 
 def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causal: bool,
-             smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None):
-    """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype). do and v may have any strides."""
+             smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None,
+             deterministic: bool | None = None):
+    """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype). do and v may have any strides.
+
+    deterministic (default: the SAGEBWD_DETERMINISTIC environment variable, "1" unless set to
+    "0"): True runs the separate dQ kernel (bit-identical reruns); False adds dQ with fp32
+    atomics from the dK/dV kernel (no recompute of S, exp and dP; the summation order, hence
+    the last bits of dQ, vary from run to run).
+    """
     b, h, n, d = q8.shape
-    dq = torch.empty(b, h, n, d, device=q8.device, dtype=out_dtype or v.dtype)
-    dk = torch.empty_like(dq)
-    dv = torch.empty_like(dq)
+    deterministic = deterministic_default() if deterministic is None else deterministic
+    dk = torch.empty(b, h, n, d, device=q8.device, dtype=out_dtype or v.dtype)
+    dv = torch.empty_like(dk)
     smooth_q = mu_q is not None
     kf = k if smooth_q else v
     mu = mu_q if smooth_q else s_q
@@ -235,12 +260,20 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
     # kv blocks per dK/dV program (each keeps its own P/dS scales); 1 unless the sweep overrides.
     kv_tiles = LAUNCH_OVERRIDES.get("dkdv_kv_tiles", 1)
     kv_tiles = kv_tiles if n % (kv_tiles * block_kv) == 0 and kv_tiles * block_kv <= 256 else 1
+    if not deterministic:
+        kv_tiles = 1
+        dq_acc = torch.zeros(b, h, n, d, device=q8.device, dtype=torch.float32)
+    else:
+        dq = torch.empty_like(dk)
+        dq_acc = dq
     rows = kv_tiles * block_kv
-    remember("dkdv", _dkdv_kernel[(n // rows, b * h)](
-        q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, dk, dv, mu, kf, k_mean,
+    remember("dkdv" if deterministic else "dkdv_fused_dq", _dkdv_kernel[(n // rows, b * h)](
+        q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, dk, dv, mu, kf, k_mean, k8t, dq_acc,
         *v.stride(), *do.stride(), *kf.stride(), sm_scale, h, n,
-        BLOCK_M=block_q, BLOCK_N=rows, KV_BLOCK=block_kv, **flags,
-        **_launch_settings("dkdv", rows, d, 5 * block_q * d)))
+        BLOCK_M=block_q, BLOCK_N=rows, KV_BLOCK=block_kv, FUSED_DQ=not deterministic, **flags,
+        **_launch_settings("dkdv" if deterministic else "dkdv_fused_dq", rows, d, (5 if deterministic else 7) * block_q * d)))
+    if not deterministic:
+        return dq_acc.to(dk.dtype), dk, dv
     remember("dq", _dq_kernel[(n // block_q, b * h)](
         q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, mu, kf, k_mean,
         *v.stride(), *do.stride(), *kf.stride(), sm_scale, h, n,

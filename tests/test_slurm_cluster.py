@@ -169,6 +169,14 @@ def test_array_submission_and_cancel(tmp_path, profile):
     assert "CANCELLED" in status.stdout and "COMPLETED" in status.stdout
 
 
+def release_requeue_hold(job_id: str) -> None:
+    """Start a requeued job now instead of after Slurm's ~120 s hold. slurmd revokes the
+    job's credential at the requeue and refuses a relaunch stamped in the same second
+    ("Job credential revoked", the job then ends FAILED), so let that second pass first."""
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+
+
 RESUMABLE_WORKER = """\
 import os, signal, sys, time
 from pathlib import Path
@@ -207,7 +215,7 @@ def test_usr1_checkpoints_requeues_and_resumes(tmp_path, profile):
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
     info = wait_for(job_id, {"PENDING"} | TERMINAL, timeout=60)
     assert info["JobState"] == "PENDING" and info["Restarts"] == "1", info
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+    release_requeue_hold(job_id)
     assert wait_for(job_id, TERMINAL, timeout=120)["JobState"] == "COMPLETED"
     log = (run_dir / f"slurm-{job_id}.out").read_text()
     assert "checkpoint saved" in log and "requeueing job" in log
@@ -247,7 +255,7 @@ def test_the_trainer_checkpoints_on_usr1_requeues_and_resumes_into_one_mlflow_ru
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
     info = wait_for(job_id, {"PENDING"} | TERMINAL, timeout=120)
     assert info["JobState"] == "PENDING" and info["Restarts"] == "1", log.read_text()[-3000:]
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+    release_requeue_hold(job_id)
     assert wait_for(job_id, TERMINAL, timeout=300)["JobState"] == "COMPLETED", log.read_text()[-3000:]
 
     from mlflow.tracking import MlflowClient

@@ -42,12 +42,6 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def deterministic_default() -> bool:
-    """The backward's dQ mode when the caller names none: SAGEBWD_DETERMINISTIC=0 picks the
-    fused dK/dV/dQ kernel with fp32 atomics for dQ; anything else the deterministic kernels."""
-    return os.environ.get("SAGEBWD_DETERMINISTIC", "1").strip() != "0"
-
-
 INTERPRETING = tl.constexpr(interpreting())   # fixed at import, like Triton's own reading of the variable
 
 
@@ -77,8 +71,37 @@ def mul_rn(a, b):
 
 @triton.jit
 def round_to_int8(x):
-    """int8 round(x) (ties to even) of fp32 x with |x| <= 127."""
-    return ((x + MAGIC_F).to(tl.int32, bitcast=True) - MAGIC_I).to(tl.int8)
+    """int8 round(x) (ties to even) of fp32 x with |x| <= 127.
+
+    The low byte of 0x4B400000 + round(x) is round(x) in two's complement (the magic number's
+    low byte is zero), so truncating the bit pattern is the whole conversion.
+    """
+    return (x + MAGIC_F).to(tl.int32, bitcast=True).to(tl.int8)
+
+
+@triton.jit
+def magic_to_int8(y):
+    """int8 of y = round(x) + MAGIC_F (the rounded value still in the magic domain)."""
+    return y.to(tl.int32, bitcast=True).to(tl.int8)
+
+
+@triton.jit
+def round_scaled_to_int8(x, inv, LO: tl.constexpr, HI: tl.constexpr):
+    """int8 round(x * inv), clamped to [LO, HI], for the backward's and forward's own tiles (P, dS).
+
+    One fma (x * inv + MAGIC_F) rounds the exact product instead of fl(x * inv): they differ
+    only when fl(x * inv) lands on a .5 tie that the exact product misses. That exactness
+    matters for Q^, K^, V^, dO^ (bf16 inputs make ties common, see mul_rn), not here: these
+    tiles are recomputed with exp2 and tensor-core sums that already differ from the
+    simulation in the last bits. The clamp (in the magic domain) guards against a value
+    recomputed a last bit above the amax another kernel measured.
+    """
+    y = x * inv + MAGIC_F
+    if LO > -128:
+        y = tl.maximum(y, MAGIC_F + LO)
+    if HI < 128:
+        y = tl.minimum(y, MAGIC_F + HI)
+    return magic_to_int8(y)
 
 
 @triton.jit
@@ -102,18 +125,3 @@ def quantize_tile(x):
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     scale, inv = block_scales(amax)
     return round_to_int8(mul_rn(x, inv)), scale
-
-
-@triton.jit
-def quantize_row_groups(x, GROUPS: tl.constexpr):
-    """Per-tile INT8 of a 2-D fp32 tile made of GROUPS tiles stacked along its rows.
-
-    Returns (int8 tile, per-row scale): each row carries its own tile's scale.
-    """
-    ROWS: tl.constexpr = x.shape[0]
-    row_max = tl.max(tl.abs(x), axis=1)
-    tile_max = tl.max(tl.reshape(row_max, (GROUPS, ROWS // GROUPS)), axis=1)
-    scale, inv = block_scales(tile_max)
-    inv_rows = tl.reshape(tl.broadcast_to(inv[:, None], (GROUPS, ROWS // GROUPS)), (ROWS,))
-    scale_rows = tl.reshape(tl.broadcast_to(scale[:, None], (GROUPS, ROWS // GROUPS)), (ROWS,))
-    return round_to_int8(mul_rn(x, inv_rows[:, None])), scale_rows

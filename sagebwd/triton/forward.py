@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LN2, LOG2E, int_to_float, launch_settings, mul_rn, remember, round_to_int8
+from ._common import LN2, LOG2E, int_to_float, launch_settings, remember, round_scaled_to_int8
 
 
 @triton.jit
@@ -46,7 +46,7 @@ def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
         t = tl.max(s, axis=1)                              # tile row max; -inf if the row is fully masked
         t_safe = tl.where(t == float("-inf"), 0.0, t)
         p = tl.math.exp2(s - t_safe[:, None])              # P~ / exp(t - m): in [0, 1], 1 at the max
-        p8 = round_to_int8(mul_rn(p, 127.0))
+        p8 = round_scaled_to_int8(p, 127.0, -128, 128)
         m_new = tl.maximum(m_i, t)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_safe)
@@ -65,7 +65,8 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
                     sm_scale, H, N,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                     CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr):
-    pid_m = tl.program_id(0)
+    # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)

@@ -341,15 +341,17 @@ def kernel_report() -> dict:
 
 
 SWEEP = {
-    # (kernel, head_dim): settings; "dkdv" entries are (rows, cols, split_d, chain, num_warps, num_stages)
-    ("dkdv", 128): [(128, 64, 2, 0, 8, 2), (128, 64, 2, 0, 8, 3), (128, 32, 2, 0, 8, 3), (128, 32, 2, 0, 8, 4),
-                    (64, 64, 1, 0, 4, 2), (128, 128, 2, 0, 8, 2)],
-    ("dkdv", 64): [(128, 64, 1, 1, 8, 3), (128, 64, 1, 1, 8, 2), (128, 32, 1, 1, 8, 3), (128, 128, 1, 1, 8, 2),
-                   (64, 64, 1, 1, 4, 3), (64, 32, 1, 1, 4, 3), (128, 64, 1, 0, 8, 3)],
+    # (kernel, head_dim): settings (maxnreg 0 = the compiler's choice)
+    # dkdv: (rows, cols, split_d, chain, num_warps, num_stages, maxnreg)
+    ("dkdv", 128): [(128, 128, 2, 0, 8, 2, 0), (128, 64, 2, 0, 8, 3, 0), (128, 64, 2, 0, 8, 2, 0)],
+    ("dkdv", 64): [(128, 64, 1, 1, 8, 3, 0), (128, 128, 1, 1, 8, 2, 0), (64, 32, 1, 0, 4, 2, 168),
+                   (64, 32, 1, 0, 4, 3, 168), (64, 64, 1, 0, 4, 2, 0)],
+    # dq: (num_warps, num_stages)
     ("dq", 128): [(8, 3), (8, 2)],
-    ("dq", 64): [(4, 3), (8, 3), (8, 2)],
-    ("forward", 128): [(8, 3), (8, 4)],
-    ("forward", 64): [(4, 3), (8, 3)],
+    ("dq", 64): [(4, 3), (4, 2), (8, 3)],
+    # forward: (rows, num_warps, num_stages, maxnreg)
+    ("forward", 128): [(128, 8, 3, 0), (64, 4, 3, 0), (64, 4, 2, 0), (64, 4, 3, 168)],
+    ("forward", 64): [(128, 4, 3, 0), (64, 4, 3, 0), (64, 4, 2, 0), (64, 4, 3, 128)],
 }
 
 
@@ -368,12 +370,17 @@ def sweep(shapes) -> list[dict]:
                 continue
             for variant in variants:
                 LAUNCH_OVERRIDES.clear()
+                maxnreg = 0
                 if kernel == "dkdv":
-                    rows, cols, split_d, chain, warps, stages = variant
+                    rows, cols, split_d, chain, warps, stages, maxnreg = variant
                     LAUNCH_OVERRIDES["dkdv_blocks"] = dict(rows=rows, cols=cols, split_d=split_d, chain=chain)
+                elif kernel == "forward":
+                    rows, warps, stages, maxnreg = variant
+                    LAUNCH_OVERRIDES["forward_rows"] = rows
                 else:
                     warps, stages = variant
-                LAUNCH_OVERRIDES[kernel] = dict(num_warps=warps, num_stages=stages)
+                LAUNCH_OVERRIDES[kernel] = dict(num_warps=warps, num_stages=stages,
+                                                **({"maxnreg": maxnreg} if maxnreg else {}))
                 mode = "fwd" if kernel == "forward" else "bwd"
                 try:
                     r = time_impl("sage", shape, True, mode)

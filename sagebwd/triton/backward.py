@@ -296,13 +296,14 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, TILE_SCALES,
 def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int) -> tuple[int, int, int, bool]:
     """(BLOCK_N kv rows per program, BLOCK_M q rows per slice, SPLIT_D, CHAIN) of the dK/dV kernel.
 
-    128 kv rows fill two warpgroups (wgmma M = 64 each) without running any dot twice; the q
-    slice stays small so the score tiles fit beside the two fp32 (128 x D) accumulators.
+    128 kv rows fill two warpgroups (wgmma M = 64 each) without running any dot twice. Best of
+    the H200 sweep (docs/kernel-notes.md): d=64 slices of 64 chained in int32; d=128 whole q
+    blocks as slices with dK/dV in column halves.
     """
     override = LAUNCH_OVERRIDES.get("dkdv_blocks", {})
     rows = override.get("rows", 128)
     rows = rows if rows % block_kv == 0 and n % rows == 0 else block_kv
-    cols = min(override.get("cols", 64 if head_dim <= 64 else 32), block_q)
+    cols = min(override.get("cols", 64 if head_dim <= 64 else 128), block_q)
     split = override.get("split_d", 2 if head_dim >= 128 and rows >= 128 else 1)
     # int32 accumulators beside the fp32 ones fit in registers only for head_dim 64
     chain = bool(override.get("chain", head_dim <= 64)) and split == 1
@@ -310,7 +311,7 @@ def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int) -> tuple[int
 
 
 def _launch(name: str, default: dict) -> dict:
-    return {k: v for k, v in launch_settings(name, default).items() if k in ("num_warps", "num_stages")}
+    return {k: v for k, v in launch_settings(name, default).items() if k in ("num_warps", "num_stages", "maxnreg")}
 
 
 def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causal: bool,
@@ -333,11 +334,12 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
     remember("dq", _dq_kernel[(n // block_q, b * h)](
         q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
         BLOCK_M=block_q, BLOCK_N=block_kv, **flags,
-        **_launch("dq", dict(num_warps=8 if block_q >= 128 else 4, num_stages=3 if d <= 64 else 2))))
+        # 4 warps at d=64: two programs per SM, each with its own barriers for the tile maxima
+        **_launch("dq", dict(num_warps=8 if block_q >= 128 and d >= 128 else 4, num_stages=3))))
     rows, cols, split_d, chain = dkdv_blocks(n, block_q, block_kv, d)
     remember("dkdv", _dkdv_kernel[(n // rows, b * h)](
         q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, tile_scales, dk, dv, mu, kf, k_mean,
         *strides, sm_scale, h, n,
         BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=block_q, KV_BLOCK=block_kv, SPLIT_D=split_d, CHAIN=chain, **flags,
-        **_launch("dkdv", dict(num_warps=8 if rows >= 128 else 4, num_stages=3))))
+        **_launch("dkdv", dict(num_warps=8 if rows >= 128 else 4, num_stages=2 if split_d == 2 else 3))))
     return dq, dk, dv

@@ -1,7 +1,7 @@
 """Forward kernel (the paper's Algorithm 1) on pre-quantised Q, K, V.
 
-One program per (q block, batch*head); kernel tiles are the quantisation blocks (BLOCK_M =
-block_q rows of Q, BLOCK_N = block_kv rows of K/V). S = int(Q^ K^T) * s_Q * s_K * sm_scale is
+One program per (BLOCK_M q rows, batch*head), BLOCK_M a divisor of block_q; BLOCK_N = block_kv
+rows of K/V, so each kv tile is one quantisation block. S = int(Q^ K^T) * s_Q * s_K * sm_scale is
 kept in log2 units (log2(e) folded into the scale, so exponentials are exp2). Per kv tile j:
 t = rowmax(S_j); P^ = round(127 * exp(S_j - t)) is the paper's per-token quantisation (it does
 not depend on the running max m), and the online softmax weights the tile by w = exp(t - m).
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LN2, LOG2E, int_to_float, launch_settings, remember, round_scaled_to_int8
+from ._common import LAUNCH_OVERRIDES, LN2, LOG2E, int_to_float, launch_settings, remember, round_scaled_to_int8
 
 
 @triton.jit
@@ -63,7 +63,7 @@ def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
 def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
                     stride_kfb, stride_kfh, stride_kfn, stride_kfd,
                     sm_scale, H, N,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                     CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr):
     # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -73,14 +73,16 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
     offs_d = tl.arange(0, HEAD_DIM)
     seq_base = bh.to(tl.int64) * N * HEAD_DIM
     q8 = tl.load(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
-    q_scale = tl.load(SQ + bh * (N // BLOCK_M) + pid_m) * (sm_scale * LOG2E)
+    # A program may hold part of a q quantisation block (BLOCK_M <= Q_BLOCK): fewer registers, more programs per SM.
+    q_blk = start_m // Q_BLOCK
+    q_scale = tl.load(SQ + bh * (N // Q_BLOCK) + q_blk) * (sm_scale * LOG2E)
     K8_bh = K8 + seq_base
     V8T_bh = V8T + seq_base
     SK_bh = SK + bh * (N // BLOCK_N)
     SV_bh = SV + bh * (N // BLOCK_N)
     KF_bh = KF + (bh // H).to(tl.int64) * stride_kfb + (bh % H).to(tl.int64) * stride_kfh
     KMEAN_bh = KMEAN + bh * HEAD_DIM
-    MU_blk = MU + (bh * (N // BLOCK_M) + pid_m) * HEAD_DIM
+    MU_blk = MU + (bh * (N // Q_BLOCK) + q_blk) * HEAD_DIM
     bias_scale = sm_scale * LOG2E
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -108,10 +110,23 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
     tl.store(LSE + bh * N + offs_m, m_i * LN2 + tl.log(l_i))
 
 
-def _launch_settings(block_m: int, head_dim: int) -> dict:
-    # Best of the sweep on an H200 (docs/kernel-notes.md): 4 warps for d=64, 8 for d=128; 3 stages.
-    warps = 8 if block_m * head_dim >= 128 * 128 else 4
-    return launch_settings("forward", dict(num_warps=warps, num_stages=3))
+def forward_rows(block_q: int, head_dim: int) -> int:
+    """q rows per forward program (a divisor of block_q).
+
+    64 rows on one warpgroup (H200 sweep, docs/kernel-notes.md v7): half the registers of a
+    128-row program, so 2 (d=128) or 4 (d=64) programs share an SM and hide each other's
+    latency; the K/V tiles are read twice as often, from L2.
+    """
+    return min(LAUNCH_OVERRIDES.get("forward_rows", 64), block_q)
+
+
+def _launch_settings(rows: int, head_dim: int) -> dict:
+    warps = 8 if rows * head_dim >= 128 * 128 else 4
+    default = dict(num_warps=warps, num_stages=3)
+    if rows * head_dim <= 64 * 64:
+        default["maxnreg"] = 128   # 130 by choice, 128 fits 4 programs per SM (8 bytes spilled)
+    launch = launch_settings("forward", default)
+    return {k: v for k, v in launch.items() if k in ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion")}
 
 
 def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool,
@@ -126,11 +141,12 @@ def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bo
     lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
     smooth_q = mu_q is not None
     kf = k if smooth_q else q8
-    compiled = _forward_kernel[(n // block_q, b * h)](
+    rows = forward_rows(block_q, d)
+    compiled = _forward_kernel[(n // rows, b * h)](
         q8, k8, v8t, s_q, s_k, s_v, o, lse,
         mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,
         *kf.stride(), 1.0 / math.sqrt(d), h, n,
-        BLOCK_M=block_q, BLOCK_N=block_kv, HEAD_DIM=d, CAUSAL=causal,
-        SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, **_launch_settings(block_q, d))
+        BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=block_kv, HEAD_DIM=d, CAUSAL=causal,
+        SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, **_launch_settings(rows, d))
     remember("forward", compiled)
     return o, lse

@@ -30,6 +30,34 @@ def remember(name: str, compiled) -> None:
     COMPILED[name] = compiled
 
 
+# Pipeline depth that fitted, per (kernel name, compile-time arguments, device): the defaults
+# are tuned on an H200 (227 KB of shared memory per block); smaller parts (an RTX 4090 has
+# 99 KB) or large blocks get fewer stages instead of an error.
+_FITTED_STAGES: dict = {}
+
+
+def launch(name: str, kernel, grid, *args, **kwargs):
+    """kernel[grid](*args, **kwargs), retried with one pipeline stage fewer while the compiled
+    kernel needs more shared memory than the device has. Remembers the compiled kernel."""
+    from triton.runtime.errors import OutOfResources
+    key = (name, tuple(sorted((k, v) for k, v in kwargs.items() if not hasattr(v, "data_ptr"))),
+           getattr(args[0], "device", None))
+    if key in _FITTED_STAGES:
+        kwargs = {**kwargs, "num_stages": _FITTED_STAGES[key]}
+    while True:
+        try:
+            compiled = kernel[grid](*args, **kwargs)
+            break
+        except OutOfResources as err:
+            stages = kwargs.get("num_stages", 3)
+            if "shared memory" not in str(err) or stages <= 1:
+                raise
+            kwargs = {**kwargs, "num_stages": stages - 1}
+            _FITTED_STAGES[key] = stages - 1
+    remember(name, compiled)
+    return compiled
+
+
 def launch_settings(name: str, default: dict) -> dict:
     if interpreting():
         return dict(num_warps=1, num_stages=1)

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LAUNCH_OVERRIDES, LOG2E, block_scales, int_to_float, interpreting, launch_settings, remember, round_scaled_to_int8
+from ._common import LAUNCH_OVERRIDES, LOG2E, block_scales, int_to_float, interpreting, launch, launch_settings, round_scaled_to_int8
 from .forward import smooth_q_bias
 
 
@@ -331,15 +331,15 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
     sm_scale = 1.0 / math.sqrt(d)
     flags = dict(HEAD_DIM=d, CAUSAL=causal, SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, DOT_F32=interpreting())
     strides = (*v.stride(), *do.stride(), *kf.stride())
-    remember("dq", _dq_kernel[(n // block_q, b * h)](
+    launch("dq", _dq_kernel, (n // block_q, b * h),
         q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
         BLOCK_M=block_q, BLOCK_N=block_kv, **flags,
         # 4 warps at d=64: two programs per SM, each with its own barriers for the tile maxima
-        **_launch("dq", dict(num_warps=8 if block_q >= 128 and d >= 128 else 4, num_stages=3))))
+        **_launch("dq", dict(num_warps=8 if block_q >= 128 and d >= 128 else 4, num_stages=3)))
     rows, cols, split_d, chain = dkdv_blocks(n, block_q, block_kv, d)
-    remember("dkdv", _dkdv_kernel[(n // rows, b * h)](
+    launch("dkdv", _dkdv_kernel, (n // rows, b * h),
         q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, tile_scales, dk, dv, mu, kf, k_mean,
         *strides, sm_scale, h, n,
         BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=block_q, KV_BLOCK=block_kv, SPLIT_D=split_d, CHAIN=chain, **flags,
-        **_launch("dkdv", dict(num_warps=8 if rows >= 128 else 4, num_stages=2 if split_d == 2 else 3))))
+        **_launch("dkdv", dict(num_warps=8 if rows >= 128 else 4, num_stages=2 if split_d == 2 else 3)))
     return dq, dk, dv

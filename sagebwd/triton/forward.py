@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LAUNCH_OVERRIDES, LN2, LOG2E, int_to_float, launch_settings, remember, round_scaled_to_int8
+from ._common import LAUNCH_OVERRIDES, LN2, LOG2E, int_to_float, launch, launch_settings, round_scaled_to_int8
 
 
 @triton.jit
@@ -142,11 +142,10 @@ def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bo
     smooth_q = mu_q is not None
     kf = k if smooth_q else q8
     rows = forward_rows(block_q, d)
-    compiled = _forward_kernel[(n // rows, b * h)](
+    launch("forward", _forward_kernel, (n // rows, b * h),
         q8, k8, v8t, s_q, s_k, s_v, o, lse,
         mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,
         *kf.stride(), 1.0 / math.sqrt(d), h, n,
         BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=block_kv, HEAD_DIM=d, CAUSAL=causal,
         SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, **_launch_settings(rows, d))
-    remember("forward", compiled)
     return o, lse

@@ -1,0 +1,47 @@
+"""sagebwd.triton's launcher retries with fewer pipeline stages when shared memory runs out.
+
+The defaults are tuned on an H200 (227 KB per block); an RTX 4090 has 99 KB. Triton raises
+OutOfResources only where a driver loads the kernel, so a stand-in kernel raises it here.
+"""
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton")
+from triton.runtime.errors import OutOfResources  # noqa: E402
+
+from sagebwd.triton import _common  # noqa: E402
+
+
+class _StandInKernel:
+    """kernel[grid](...) that fits in shared memory only at `fits_at` stages or fewer."""
+
+    def __init__(self, fits_at: int, error: str = "shared memory"):
+        self.fits_at, self.error, self.tried = fits_at, error, []
+
+    def __getitem__(self, grid):
+        def run(*args, num_stages, **kwargs):
+            self.tried.append(num_stages)
+            if num_stages > self.fits_at:
+                raise OutOfResources(64 * 1024 * num_stages, 99 * 1024, self.error)
+            return f"compiled with {num_stages} stages"
+        return run
+
+
+def test_launch_drops_stages_until_the_kernel_fits_and_remembers():
+    kernel = _StandInKernel(fits_at=1)
+    assert _common.launch("standin-a", kernel, (1,), 0, BLOCK=64, num_warps=4, num_stages=3) == \
+        "compiled with 1 stages"
+    assert kernel.tried == [3, 2, 1]
+    assert _common.COMPILED["standin-a"] == "compiled with 1 stages"
+    _common.launch("standin-a", kernel, (1,), 0, BLOCK=64, num_warps=4, num_stages=3)
+    assert kernel.tried[3:] == [1]                     # the fitted depth is reused
+    _common.launch("standin-a", kernel, (1,), 0, BLOCK=32, num_warps=4, num_stages=3)
+    assert kernel.tried[4:] == [3, 2, 1]               # other compile-time arguments: tried afresh
+
+
+def test_launch_reraises_what_fewer_stages_cannot_fix():
+    with pytest.raises(OutOfResources):
+        _common.launch("standin-b", _StandInKernel(fits_at=0), (1,), 0, num_warps=4, num_stages=2)
+    with pytest.raises(OutOfResources):   # registers, not shared memory: no retry
+        _common.launch("standin-c", _StandInKernel(fits_at=1, error="registers"), (1,), 0, num_stages=3)

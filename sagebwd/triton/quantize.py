@@ -17,21 +17,6 @@ from ._common import interpreting, quantize_tile
 
 
 @triton.jit
-def _sequence_mean_kernel(X, MEAN, stride_b, stride_h, stride_n, stride_d, H, N,
-                          CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """MEAN[b*h, :] = mean over the sequence of X[b, h] (fp32): the K-smoothing offset."""
-    bh = tl.program_id(0)
-    base = X + (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
-    offs_n = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, HEAD_DIM)
-    total = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    for start in range(0, N, CHUNK):
-        x = tl.load(base + (start + offs_n)[:, None] * stride_n + offs_d[None, :] * stride_d)
-        total += tl.sum(x.to(tl.float32), axis=0)
-    tl.store(MEAN + bh * HEAD_DIM + offs_d, tl.math.div_rn(total, N.to(tl.float32)))
-
-
-@triton.jit
 def _quantize_blocks_kernel(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN,
                             stride_b, stride_h, stride_n, stride_d, H, N,
                             BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -86,14 +71,13 @@ def _warps(block: int, head_dim: int) -> int:
 
 
 def sequence_mean(x: torch.Tensor) -> torch.Tensor:
-    """fp32 mean over the sequence, shape (B*H, D)."""
+    """fp32 mean over the sequence, shape (B*H, D): the K-smoothing offset.
+
+    PyTorch's strided reduction: a one-program-per-head Triton loop left most SMs idle
+    (0.14 ms at (8, 8, 4096, 128) on an H200, 3.5% of a forward+backward).
+    """
     b, h, n, d = x.shape
-    mean = torch.empty(b * h, d, device=x.device, dtype=torch.float32)
-    chunk = 64 if n % 64 == 0 else 16
-    assert n % chunk == 0, f"sequence length {n} must be a multiple of 16"
-    _sequence_mean_kernel[(b * h,)](x, mean, *x.stride(), h, n, CHUNK=chunk, HEAD_DIM=d,
-                                    num_warps=_warps(chunk, d))
-    return mean
+    return x.mean(dim=2, dtype=torch.float32).reshape(b * h, d)
 
 
 def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = None,

@@ -310,6 +310,11 @@ def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int) -> tuple[int
     return rows, cols, split, chain
 
 
+def _stages(stage_bytes: int, most: int = 3) -> int:
+    """Pipeline depth whose per-stage loads fit in ~160 KB of shared memory (H100/H200 have 227)."""
+    return max(1, min(most, 160 * 1024 // stage_bytes))
+
+
 def _launch(name: str, default: dict) -> dict:
     return {k: v for k, v in launch_settings(name, default).items() if k in ("num_warps", "num_stages", "maxnreg")}
 
@@ -335,11 +340,14 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
         q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
         BLOCK_M=block_q, BLOCK_N=block_kv, **flags,
         # 4 warps at d=64: two programs per SM, each with its own barriers for the tile maxima
-        **_launch("dq", dict(num_warps=8 if block_q >= 128 and d >= 128 else 4, num_stages=3)))
+        # stage: K^ in both layouts and V, 4 * block_kv * d bytes
+        **_launch("dq", dict(num_warps=8 if block_q >= 128 and d >= 128 else 4, num_stages=_stages(4 * block_kv * d))))
     rows, cols, split_d, chain = dkdv_blocks(n, block_q, block_kv, d)
     launch("dkdv", _dkdv_kernel, (n // rows, b * h),
         q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, tile_scales, dk, dv, mu, kf, k_mean,
         *strides, sm_scale, h, n,
         BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=block_q, KV_BLOCK=block_kv, SPLIT_D=split_d, CHAIN=chain, **flags,
-        **_launch("dkdv", dict(num_warps=8 if rows >= 128 else 4, num_stages=2 if split_d == 2 else 3)))
+        # stage: Q^ in both layouts, dO^ and dO for one loop step (a q block when chained)
+        **_launch("dkdv", dict(num_warps=8 if rows >= 128 else 4,
+                               num_stages=_stages(5 * (block_q if chain else cols) * d, 2 if split_d == 2 else 3))))
     return dq, dk, dv

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import interpreting, quantize_tile
+from ._common import interpreting, launch, quantize_tile
 
 
 @triton.jit
@@ -96,7 +96,7 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
     scale = torch.empty(b, h, n // block, device=dev, dtype=torch.float32)
     block_mean = torch.empty(b, h, n // block, d, device=dev, dtype=torch.float32) if smooth_block else None
     dummy = scale  # never dereferenced: the matching constexpr flag is off
-    _quantize_blocks_kernel[(n // block, b * h)](
+    launch("quantize", _quantize_blocks_kernel, (n // block, b * h),
         x, mean if mean is not None else dummy, out_rows if rows else dummy, out_cols if cols else dummy,
         scale, block_mean if smooth_block else dummy, *x.stride(), h, n,
         BLOCK=block, HEAD_DIM=d, SUBTRACT_MEAN=mean is not None, SMOOTH_BLOCK=smooth_block,
@@ -110,7 +110,7 @@ def backward_preprocess(do: torch.Tensor, o: torch.Tensor, block_q: int):
     delta = torch.empty(b, h, n, device=do.device, dtype=torch.float32)
     do_cols = torch.empty(b, h, d, n, device=do.device, dtype=torch.int8)
     do_scale = torch.empty(b, h, n // block_q, device=do.device, dtype=torch.float32)
-    _backward_preprocess_kernel[(n // block_q, b * h)](
+    launch("backward_preprocess", _backward_preprocess_kernel, (n // block_q, b * h),
         do, o, delta, do_cols, do_scale, *do.stride(), *o.stride(), h, n,
         BLOCK=block_q, HEAD_DIM=d, num_warps=_warps(block_q, d))
     return delta, do_cols, do_scale

@@ -1,0 +1,139 @@
+"""Compile the SageBwd kernels for a GPU without one: registers, spills, shared memory, and
+whether the INT8 dots are Hopper wgmma (no mma.sync fallback).
+
+    python -m sagebwd.triton.offline [--head-dim 64 128] [--arch 90] [--json PATH]
+
+The host code runs on CPU tensors with launches recorded instead of run
+(``_common.RECORDED``), so every kernel is compiled with exactly the compile-time arguments,
+warps, stages and register caps the GPU path would use for that shape. Each launch is then
+compiled by Triton's own compiler for ``cuda:<arch>`` (ptxas comes with Triton), specialised as
+the JIT would (integer arguments equal to 1 become constants, pointers and multiples of 16 get
+the divisibility hint). Register and spill counts are the assembler's, read with the bundled
+cuobjdump; they are what the GPU run's kernel report prints, up to Triton version differences.
+No timing: speed comes only from ``python -m sagebwd.bench`` on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8",
+          torch.int32: "i32", torch.int64: "i64"}
+
+
+def record_launches(shape, dtype=torch.bfloat16, causal=True, smooth_q=False, block_q=128, block_kv=64) -> list:
+    """(name, kernel, args, kwargs) of every kernel launch of one forward and one backward."""
+    from . import _common, ops
+    b, h, n, d = shape
+    q, k, v, do = [torch.randn(b, h, n, d).to(dtype) for _ in range(4)]
+    _common.RECORDED = []
+    try:
+        out = ops._forward_op(q, k, v, causal, True, smooth_q, block_q, block_kv, True)
+        o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = out
+        ops._backward_op(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean,
+                         causal, True, smooth_q, block_q, block_kv)
+        return _common.RECORDED
+    finally:
+        _common.RECORDED = None
+
+
+def _signature(kernel, args, kwargs):
+    """Triton's signature, constants and divisibility hints for a recorded launch."""
+    names = kernel.arg_names
+    constexprs = {names.index(k): v for k, v in kwargs.items() if k in names}
+    signature, attrs = {}, {}
+    for i, (name, value) in enumerate(zip(names, args)):
+        if isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            if value == 1:   # the JIT specialises 1 into a constant
+                signature[name] = "constexpr"
+                constexprs[i] = 1
+                continue
+            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{name}: cannot type {type(value).__name__} for offline compilation")
+    for i in constexprs:
+        signature[names[i]] = "constexpr"
+    return signature, {(i,): v for i, v in constexprs.items()}, attrs
+
+
+def _resource_usage(cubin: bytes) -> dict:
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    return {"regs": int(re.search(r"REG:(\d+)", text).group(1)),
+            "spill_bytes": int(re.search(r"STACK:(\d+)", text).group(1))}
+
+
+def compile_launch(name, kernel, args, kwargs, arch: int = 90) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    signature, constexprs, attrs = _signature(kernel, args, kwargs)
+    options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion")}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", arch, 128 if arch >= 90 else 64), options=options)
+    ptx = compiled.asm["ptx"]
+    return {"kernel": name, **_resource_usage(compiled.asm["cubin"]), "shared": compiled.metadata.shared,
+            "num_warps": options.get("num_warps"), "num_stages": options.get("num_stages"),
+            "maxnreg": options.get("maxnreg"),
+            "wgmma_s8": len(re.findall(r"wgmma\.mma_async[^\n]*\.s8\.s8", ptx)),
+            "wgmma_16bit": len(re.findall(r"wgmma\.mma_async[^\n]*\.(?:bf16|f16)\.(?:bf16|f16)", ptx)),
+            "mma_sync": len(re.findall(r"\bmma\.sync", ptx)),
+            "constexprs": {k: v for k, v in kwargs.items() if k.isupper()}}
+
+
+def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64)) -> list[dict]:
+    rows = []
+    for d in head_dims:
+        seen = set()
+        for name, kernel, args, kwargs in record_launches((1, 2, seq, d), block_q=blocks[0], block_kv=blocks[1]):
+            key = (name, tuple(sorted((k, str(v)) for k, v in kwargs.items())))
+            if key in seen:   # e.g. the quantiser runs for Q, K and V with the same settings
+                continue
+            seen.add(key)
+            rows.append({"head_dim": d, "blocks": list(blocks), **compile_launch(name, kernel, args, kwargs, arch)})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90 = Hopper)")
+    ap.add_argument("--blocks", type=int, nargs=2, default=[128, 64], metavar=("BLOCK_Q", "BLOCK_KV"))
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    rows = report(tuple(args.head_dim), args.arch, blocks=tuple(args.blocks))
+    print("| d | kernel | warps | stages | maxnreg | regs | spill bytes | shared KB | wgmma s8 | wgmma 16-bit | mma.sync |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['head_dim']} | {r['kernel']} | {r['num_warps']} | {r['num_stages']} | {r['maxnreg'] or '-'} | "
+              f"{r['regs']} | {r['spill_bytes']} | {r['shared'] / 1024:.0f} | {r['wgmma_s8']} | {r['wgmma_16bit']} | "
+              f"{r['mma_sync']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -343,15 +343,14 @@ def kernel_report() -> dict:
 SWEEP = {
     # (kernel, head_dim): settings (maxnreg 0 = the compiler's choice)
     # dkdv: (rows, cols, split_d, chain, num_warps, num_stages, maxnreg)
-    ("dkdv", 128): [(128, 128, 2, 0, 8, 2, 0), (128, 64, 2, 0, 8, 3, 0), (128, 64, 2, 0, 8, 2, 0)],
-    ("dkdv", 64): [(128, 64, 1, 1, 8, 3, 0), (128, 128, 1, 1, 8, 2, 0), (64, 32, 1, 0, 4, 2, 168),
-                   (64, 32, 1, 0, 4, 3, 168), (64, 64, 1, 0, 4, 2, 0)],
-    # dq: (num_warps, num_stages)
-    ("dq", 128): [(8, 3), (8, 2)],
-    ("dq", 64): [(4, 3), (4, 2), (8, 3)],
+    ("dkdv", 128): [(128, 128, 2, 0, 8, 2, 0), (128, 64, 2, 0, 8, 3, 0)],
+    ("dkdv", 64): [(128, 64, 1, 1, 8, 3, 0), (128, 128, 1, 1, 8, 2, 0)],
+    # dq: (num_warps, num_stages, maxnreg)
+    ("dq", 128): [(8, 3, 0)],
+    ("dq", 64): [(4, 3, 0), (8, 3, 128), (8, 2, 128)],
     # forward: (rows, num_warps, num_stages, maxnreg)
-    ("forward", 128): [(128, 8, 3, 0), (64, 4, 3, 0), (64, 4, 2, 0), (64, 4, 3, 168)],
-    ("forward", 64): [(128, 4, 3, 0), (64, 4, 3, 0), (64, 4, 2, 0), (64, 4, 3, 128)],
+    ("forward", 128): [(64, 4, 3, 0), (64, 4, 4, 0), (128, 8, 3, 0)],
+    ("forward", 64): [(64, 4, 3, 128), (64, 4, 4, 128), (64, 4, 3, 0)],
 }
 
 
@@ -378,7 +377,7 @@ def sweep(shapes) -> list[dict]:
                     rows, warps, stages, maxnreg = variant
                     LAUNCH_OVERRIDES["forward_rows"] = rows
                 else:
-                    warps, stages = variant
+                    warps, stages, maxnreg = variant
                 LAUNCH_OVERRIDES[kernel] = dict(num_warps=warps, num_stages=stages,
                                                 **({"maxnreg": maxnreg} if maxnreg else {}))
                 mode = "fwd" if kernel == "forward" else "bwd"

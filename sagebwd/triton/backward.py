@@ -17,7 +17,7 @@ of a q block), in the transposed orientation so that the accumulators are rows o
   dK_j += int(dS^T^ Q^_i) s_dS s_Q               (Q^ read sequence-contiguous)
 
 Both kernels recompute P and dS with the same fp32 operations, so the dK/dV kernel's values
-reach the tile amax; a clamp to [-127, 127] keeps a last-bit difference (tensor-core
+reach the tile amax; a clamp of dS to [-127, 127] keeps a last-bit difference (tensor-core
 summation order of dP in the two orientations) from wrapping an INT8 value. No atomics: every
 output element is written by one program in a fixed order, so reruns are bit-identical.
 Extra memory: 4 fp32 per (q block, kv tile), N^2 / (block_q * block_kv) * 16 bytes per head.
@@ -183,7 +183,11 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             p_t = tl.math.exp2(s_t - (tl.load(LSE_bh + offs_m) * LOG2E)[None, :])
             if MASKED:
                 p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
-            p8_t = round_scaled_to_int8(p_t, p_inv, -128, 127)
+            # No clamp: P here and in the dQ kernel is the same formula on the same operands (exact
+            # integer dots), so it differs by a few ulps at most, far below the 0.4% above the
+            # amax that would round past 127. dS gets a clamp: dP's two orientations sum in
+            # different orders, and where dP - delta cancels, that difference is all of dS.
+            p8_t = round_scaled_to_int8(p_t, p_inv, -128, 128)
             if CHAIN:
                 do8 = tl.trans(tl.load(DO8T_bh + offs_d[:, None] * N + offs_m[None, :]))
                 dv_int = tl.dot(p8_t, do8, dv_int, out_dtype=tl.int32)

@@ -319,6 +319,16 @@ def _stages(stage_bytes: int, most: int = 3) -> int:
     return max(1, min(most, 160 * 1024 // stage_bytes))
 
 
+def _dq_launch(block_q: int, block_kv: int, d: int) -> dict:
+    # 8 warps for 128-row blocks; at d=64 capped to 128 registers (no spills) so that two
+    # programs share an SM and overlap each other's barrier waits for the tile maxima.
+    # A pipeline stage holds K^ in both layouts and V: 4 * block_kv * d bytes.
+    launch = dict(num_warps=8 if block_q >= 128 else 4, num_stages=_stages(4 * block_kv * d))
+    if block_q >= 128 and d <= 64 and block_kv <= 64:
+        launch["maxnreg"] = 128
+    return launch
+
+
 def _launch(name: str, default: dict) -> dict:
     return {k: v for k, v in launch_settings(name, default).items() if k in ("num_warps", "num_stages", "maxnreg")}
 
@@ -343,9 +353,7 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
     launch("dq", _dq_kernel, (n // block_q, b * h),
         q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
         BLOCK_M=block_q, BLOCK_N=block_kv, **flags,
-        # 4 warps at d=64: two programs per SM, each with its own barriers for the tile maxima
-        # stage: K^ in both layouts and V, 4 * block_kv * d bytes
-        **_launch("dq", dict(num_warps=8 if block_q >= 128 and d >= 128 else 4, num_stages=_stages(4 * block_kv * d))))
+        **_launch("dq", _dq_launch(block_q, block_kv, d)))
     rows, cols, split_d, chain = dkdv_blocks(n, block_q, block_kv, d)
     launch("dkdv", _dkdv_kernel, (n // rows, b * h),
         q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, tile_scales, dk, dv, mu, kf, k_mean,

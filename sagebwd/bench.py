@@ -1,6 +1,6 @@
 """Benchmark (and GPU correctness check) of the SageBwd Triton kernels against torch SDPA.
 
-    python -m sagebwd.bench [--json PATH] [--check] [--sweep] [--quick]
+    python -m sagebwd.bench [--json PATH] [--check] [--kernel-times] [--sweep] [--diagnose] [--quick] [--once]
 
 Benchmark: forward, backward and forward+backward of SageBwd and of torch SDPA with the
 FLASH_ATTENTION (FA2), CUDNN_ATTENTION and EFFICIENT_ATTENTION backends; bf16; median of

@@ -36,6 +36,8 @@ CASES = [
     ("fp16-causal-d128", "float16", 256, 128, 128, 64, True, False, False),
     ("bf16-causal", "bfloat16", 256, 64, 128, 64, True, False, False),
     ("fp16-causal-seq192-blocks64", "float16", 192, 64, 64, 64, True, False, False),
+    # "-rows128": 128-row forward programs over 64-key tiles, so diagonal tiles hold fully masked rows
+    ("fp16-causal-rows128", "float16", 256, 64, 128, 64, True, False, False),
     ("fp16-causal-smoothq-q64", "float16", 256, 64, 64, 64, True, True, False),
     ("bf16-d128-full", "bfloat16", 256, 128, 128, 64, False, False, False),
 ]
@@ -68,6 +70,10 @@ def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strid
         q, k, v = [torch.randn(b, h, n, d, generator=gen).to(dtype).requires_grad_() for _ in range(3)]
     do = torch.randn(b, h, n, d, generator=gen).to(dtype)
 
+    from sagebwd.triton._common import LAUNCH_OVERRIDES
+    LAUNCH_OVERRIDES.clear()
+    if name.endswith("-rows128"):
+        LAUNCH_OVERRIDES["forward_rows"] = 128
     start = time.time()
     o = attention(q, k, v, causal, True, smooth_q, block_q, block_kv)
     grads = torch.autograd.grad(o, (q, k, v), do)

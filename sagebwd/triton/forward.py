@@ -26,6 +26,10 @@ def smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kn, stride_kd,
     return tl.sum(k * tl.load(MU_blk + offs_d)[None, :], axis=1)
 
 
+# Below every INT8 score (|x| <= 127^2 * 256 < 2^22) and still exact through int_to_float.
+MASKED_INT = tl.constexpr(-(2**22 - 1))
+
+
 @triton.jit
 def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
                    K8_bh, V8T_bh, SK_bh, SV_bh, KF_bh, KMEAN_bh, MU_blk, stride_kn, stride_kd,
@@ -37,15 +41,30 @@ def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         j = start_n // BLOCK_N
         k8 = tl.load(K8_bh + offs_n[:, None] * HEAD_DIM + offs_d[None, :])
-        s = int_to_float(tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)) * (q_scale * tl.load(SK_bh + j))
+        x = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)
+        scale = q_scale * tl.load(SK_bh + j)
         if SMOOTH_Q:
+            s = int_to_float(x) * scale
             bias = smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kn, stride_kd, SMOOTH_K)
             s += (bias * bias_scale)[None, :]
-        if MASKED:
-            s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
-        t = tl.max(s, axis=1)                              # tile row max; -inf if the row is fully masked
-        t_safe = tl.where(t == float("-inf"), 0.0, t)
-        p = tl.math.exp2(s - t_safe[:, None])              # P~ / exp(t - m): in [0, 1], 1 at the max
+            if MASKED:
+                s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
+            t = tl.max(s, axis=1)                          # tile row max; -inf if the row is fully masked
+            t_safe = tl.where(t == float("-inf"), 0.0, t)
+            p = tl.math.exp2(s - t_safe[:, None])          # P~ / exp(t - m): in [0, 1], 1 at the max
+        else:
+            # S = x * scale with scale > 0, so the row max of the integers gives t exactly, and
+            # S - t is one fma per element (no separate product, no float max).
+            if MASKED:
+                x = tl.where(offs_m[:, None] >= offs_n[None, :], x, MASKED_INT)
+            t_int = tl.max(x, axis=1)
+            t = int_to_float(t_int) * scale
+            if MASKED:
+                t = tl.where(t_int == MASKED_INT, float("-inf"), t)
+            t_safe = tl.where(t == float("-inf"), 0.0, t)
+            p = tl.math.exp2(int_to_float(x) * scale - t_safe[:, None])
+            if MASKED:
+                p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
         p8 = round_scaled_to_int8(p, 127.0, -128, 128)
         m_new = tl.maximum(m_i, t)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)

@@ -17,7 +17,6 @@ Also prints registers, spills and whether the INT8 dots compiled to wgmma, per k
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import math

@@ -300,12 +300,14 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, TILE_SCALES,
 def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int) -> tuple[int, int, int, bool]:
     """(BLOCK_N kv rows per program, BLOCK_M q rows per slice, SPLIT_D, CHAIN) of the dK/dV kernel.
 
-    128 kv rows fill two warpgroups (wgmma M = 64 each) without running any dot twice. Best of
-    the H200 sweep (docs/kernel-notes.md): d=64 slices of 64 chained in int32; d=128 whole q
-    blocks as slices with dK/dV in column halves.
+    Rows come in warpgroups of 64 (wgmma M = 64), so no dot runs twice. Best of the H200 sweep
+    (docs/kernel-notes.md): d=64 one warpgroup of 64 kv rows, slices of 64 chained in int32, two
+    programs per SM; d=128 two warpgroups of 128 kv rows, whole q blocks as slices, dK/dV in
+    column halves.
     """
     override = LAUNCH_OVERRIDES.get("dkdv_blocks", {})
-    rows = override.get("rows", 128)
+    # d=64: 64 kv rows on one warpgroup, two programs per SM (v10 sweep: -2.4% bwd vs 128 rows)
+    rows = override.get("rows", 64 if head_dim <= 64 else 128)
     rows = rows if rows % block_kv == 0 and n % rows == 0 else block_kv
     cols = min(override.get("cols", 64 if head_dim <= 64 else 128), block_q)
     split = override.get("split_d", 2 if head_dim >= 128 and rows >= 128 else 1)
@@ -360,6 +362,8 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
         *strides, sm_scale, h, n,
         BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=block_q, KV_BLOCK=block_kv, SPLIT_D=split_d, CHAIN=chain, **flags,
         # stage: Q^ in both layouts, dO^ and dO for one loop step (a q block when chained)
+        # 4-warp programs get 2 stages so that two fit in an SM's shared memory
         **_launch("dkdv", dict(num_warps=8 if rows >= 128 else 4,
-                               num_stages=_stages(5 * (block_q if chain else cols) * d, 2 if split_d == 2 else 3))))
+                               num_stages=_stages(5 * (block_q if chain else cols) * d,
+                                                  2 if split_d == 2 or rows < 128 else 3))))
     return dq, dk, dv

@@ -343,7 +343,8 @@ SWEEP = {
     # (kernel, head_dim): settings (maxnreg 0 = the compiler's choice)
     # dkdv: (rows, cols, split_d, chain, num_warps, num_stages, maxnreg)
     ("dkdv", 128): [(128, 128, 2, 0, 8, 2, 0), (128, 64, 2, 0, 8, 3, 0)],
-    ("dkdv", 64): [(128, 64, 1, 1, 8, 3, 0), (128, 128, 1, 1, 8, 2, 0)],
+    ("dkdv", 64): [(64, 64, 1, 1, 4, 2, 0), (128, 64, 1, 1, 8, 3, 0), (64, 32, 1, 1, 4, 2, 0),
+                   (64, 64, 1, 1, 4, 3, 0)],
     # dq: (num_warps, num_stages, maxnreg)
     ("dq", 128): [(8, 3, 0)],
     ("dq", 64): [(4, 3, 0), (8, 3, 128), (8, 2, 128)],

@@ -29,3 +29,13 @@ def test_kernels_compile_to_int8_wgmma_and_fit_hopper(head_dim, blocks):
         assert by_kernel[name]["wgmma_16bit"] > 0
     for r in rows:
         assert r["shared"] <= HOPPER_SHARED_BYTES, f"{r['kernel']} needs {r['shared']} B of shared memory"
+
+
+@pytest.mark.parametrize("argv,message", [(["--head-dim", "96"], "head_dim 64 or 128"),
+                                          (["--blocks", "128", "48"], "BLOCK_KV=48"),
+                                          (["--arch", "80"], "Hopper")])
+def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        offline.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -122,6 +122,14 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", type=int, nargs=2, default=[128, 64], metavar=("BLOCK_Q", "BLOCK_KV"))
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
+    bad = [d for d in args.head_dim if d not in (64, 128)]
+    if bad:
+        ap.error(f"--head-dim {bad}: the kernels take head_dim 64 or 128")
+    for name, block in zip(("BLOCK_Q", "BLOCK_KV"), args.blocks):
+        if not (16 <= block <= 256 and block & (block - 1) == 0):
+            ap.error(f"--blocks {name}={block}: a power of two in [16, 256]")
+    if args.arch < 90:
+        ap.error(f"--arch {args.arch}: the INT8 kernels are built for Hopper and later (90+)")
     rows = report(tuple(args.head_dim), args.arch, blocks=tuple(args.blocks))
     print("| d | kernel | warps | stages | maxnreg | regs | spill bytes | shared KB | wgmma s8 | wgmma 16-bit | mma.sync |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

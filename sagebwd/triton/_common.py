@@ -65,11 +65,17 @@ def launch(name: str, kernel, grid, *args, **kwargs):
     return compiled
 
 
+# Keyword arguments of a launch that are compiler options rather than kernel arguments.
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion")
+
+
 def launch_settings(name: str, default: dict) -> dict:
+    """The compiler options of kernel `name`: its defaults, with the benchmark's overrides."""
     if interpreting():
         return dict(num_warps=1, num_stages=1)
     override = LAUNCH_OVERRIDES.get(name, {})
-    return {**default, **(override if isinstance(override, dict) else {})}
+    merged = {**default, **(override if isinstance(override, dict) else {})}
+    return {k: v for k, v in merged.items() if k in LAUNCH_OPTIONS}
 
 
 def interpreting() -> bool:

@@ -331,10 +331,6 @@ def _dq_launch(block_q: int, block_kv: int, d: int) -> dict:
     return launch
 
 
-def _launch(name: str, default: dict) -> dict:
-    return {k: v for k, v in launch_settings(name, default).items() if k in ("num_warps", "num_stages", "maxnreg")}
-
-
 def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causal: bool,
              smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None):
     """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype). do and v may have any strides."""
@@ -355,7 +351,7 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
     launch("dq", _dq_kernel, (n // block_q, b * h),
         q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
         BLOCK_M=block_q, BLOCK_N=block_kv, **flags,
-        **_launch("dq", _dq_launch(block_q, block_kv, d)))
+        **launch_settings("dq", _dq_launch(block_q, block_kv, d)))
     rows, cols, split_d, chain = dkdv_blocks(n, block_q, block_kv, d)
     launch("dkdv", _dkdv_kernel, (n // rows, b * h),
         q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, tile_scales, dk, dv, mu, kf, k_mean,
@@ -363,7 +359,7 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
         BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=block_q, KV_BLOCK=block_kv, SPLIT_D=split_d, CHAIN=chain, **flags,
         # stage: Q^ in both layouts, dO^ and dO for one loop step (a q block when chained)
         # 4-warp programs get 2 stages so that two fit in an SM's shared memory
-        **_launch("dkdv", dict(num_warps=8 if rows >= 128 else 4,
+        **launch_settings("dkdv", dict(num_warps=8 if rows >= 128 else 4,
                                num_stages=_stages(5 * (block_q if chain else cols) * d,
                                                   2 if split_d == 2 or rows < 128 else 3))))
     return dq, dk, dv

@@ -144,8 +144,7 @@ def _launch_settings(rows: int, head_dim: int) -> dict:
     default = dict(num_warps=warps, num_stages=3)
     if rows * head_dim <= 64 * 64:
         default["maxnreg"] = 128   # 130 by choice, 128 fits 4 programs per SM (8 bytes spilled)
-    launch = launch_settings("forward", default)
-    return {k: v for k, v in launch.items() if k in ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion")}
+    return launch_settings("forward", default)
 
 
 def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool,

@@ -89,7 +89,8 @@ def compile_launch(name, kernel, args, kwargs, arch: int = 90) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     signature, constexprs, attrs = _signature(kernel, args, kwargs)
-    options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion")}
+    from ._common import LAUNCH_OPTIONS
+    options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", arch, 128 if arch >= 90 else 64), options=options)
     ptx = compiled.asm["ptx"]

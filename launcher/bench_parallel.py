@@ -1,14 +1,16 @@
-"""`python -m launcher.bench_parallel --config FILE --out DIR [--nproc 2] [--set k=v ...]`
+"""`python -m launcher.bench_parallel --config FILE --out DIR [--nproc 2] [--layout dp2xsp2 ...]
+[--set k=v ...]`
 
-FPA vs SageBwd throughput on this machine's GPUs, each as DP=nproc and as SP=nproc: four
-real training runs of launcher.train started with torchrun, logged to one MLflow store
-(DIR/mlflow.db), then a Markdown table (DIR/results.md) read back from that store.
+FPA vs SageBwd throughput on this machine's GPUs, for each layout (default: DP=nproc and
+SP=nproc): real training runs of launcher.train started with torchrun, logged to one MLflow
+store (DIR/mlflow.db), then a Markdown table (DIR/results.md) read back from that store.
 The table is rewritten after every run, so a time limit still leaves the finished rows.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -18,8 +20,21 @@ WARMUP_STEPS_SKIPPED = 10   # first steps include compilation and allocator grow
 RUN_TIMEOUT_S = 600
 
 
-def layouts(nproc: int) -> list[tuple[str, list[str]]]:
-    return [(f"dp{nproc}", ["parallel.sp=1"]), (f"sp{nproc}", [f"parallel.sp={nproc}"])]
+def layouts(nproc: int, names: list[str] | None = None) -> list[tuple[str, list[str]]]:
+    """Layout names as dpN, spN or dpAxspB; the DP size is what the world size leaves."""
+    names = names or [f"dp{nproc}", f"sp{nproc}"]
+    result = []
+    for name in names:
+        match = re.fullmatch(r"(?:dp(\d+))?x?(?:sp(\d+))?", name)
+        dp, sp = (int(v) if v else None for v in match.groups()) if match else (None, None)
+        if dp is None and sp is None:
+            raise ValueError(f"layout {name!r}: write it as dpN, spN or dpAxspB (e.g. dp2xsp2)")
+        dp, sp = dp or nproc // (sp or 1), sp or 1
+        if dp * sp != nproc:
+            raise ValueError(f"layout {name!r} needs {dp * sp} GPUs (DP {dp} x SP {sp}), but "
+                             f"--nproc is {nproc}; pick DP x SP = {nproc}")
+        result.append((name, [f"parallel.sp={sp}"]))
+    return result
 
 
 def backends() -> list[tuple[str, list[str]]]:
@@ -83,9 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True, help="folder for mlflow.db, results.md, bench.log")
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--layout", dest="layouts", action="append", default=None,
+                        help="dpN, spN or dpAxspB, repeatable (default: dpNPROC and spNPROC)")
     parser.add_argument("--run-timeout", type=int, default=RUN_TIMEOUT_S)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
+    try:
+        plan = layouts(args.nproc, args.layouts)
+    except ValueError as error:
+        parser.error(str(error))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -94,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     experiment = load_run_config(args.config, args.overrides).tracking.experiment
     failures = 0
     with open(out / "bench.log", "a") as log:
-        for layout, layout_sets in layouts(args.nproc):
+        for layout, layout_sets in plan:
             for backend, backend_sets in backends():
                 code = run_one(f"{backend}-{layout}", args, [*layout_sets, *backend_sets], log)
                 failures += code != 0

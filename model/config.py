@@ -19,6 +19,8 @@ SAGEBWD_HEAD_DIMS = (64, 128)
 
 AttentionBackend = Literal["fpa", "sagebwd"]
 Smoothing = Literal["none", "k", "qk"]
+# Which torch SDPA kernel runs attention="fpa"; "auto" lets PyTorch choose (FA2 on Hopper).
+FpaKernel = Literal["auto", "flash", "cudnn", "efficient", "math"]
 
 
 class ModelConfig(BaseModel):
@@ -41,6 +43,7 @@ class ModelConfig(BaseModel):
     init_std: float = 0.02
 
     attention: AttentionBackend = "fpa"
+    fpa_kernel: FpaKernel = "auto"
     qk_norm: bool = False
     smoothing: Smoothing = "none"
     # SageBwd quantises per tile; the sequence must split evenly into these tiles.

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from model import Llama, ModelConfig, count_parameters, model_config_from_preset
+from model.attention import CoreAttention
 from model.layers import RotaryEmbedding
 
 MICRO = dict(vocab_size=512, pad_vocab_to_multiple_of=64, seq_len=64, hidden_size=128,
@@ -188,3 +189,17 @@ def test_bf16_autocast_hands_the_attention_call_one_dtype(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(torch.randint(0, 512, (1, 64)))
     assert {t.dtype for t in seen[0]} == {torch.bfloat16}
+
+
+def test_fpa_kernel_pins_the_sdpa_backend():
+    """A named SDPA kernel is the one that runs: math matches auto, and a kernel this
+    device lacks (cuDNN on the CPU) fails instead of silently falling back."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    auto, math = CoreAttention(micro()), CoreAttention(micro(fpa_kernel="math"))
+    torch.testing.assert_close(math(q, k, v), auto(q, k, v), rtol=1e-5, atol=1e-5)
+    assert "fpa_kernel=math" in repr(math)
+    if not torch.cuda.is_available():
+        cudnn = CoreAttention(micro(fpa_kernel="cudnn"))
+        with pytest.raises(RuntimeError, match="No (available kernel|viable backend)"):
+            cudnn(q, k, v)

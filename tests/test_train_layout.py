@@ -94,3 +94,15 @@ def test_flops_per_token_matches_the_planner_and_mfu_is_a_fraction():
                                                ffn=m.ffn_hidden_size, vocab=m.padded_vocab_size,
                                                seq_len=m.seq_len)
     assert mfu(100_000, 1e9, 1000.0) == pytest.approx(0.1)
+
+
+def test_bench_parallel_layouts_name_dp_and_sp():
+    from launcher.bench_parallel import layouts
+
+    assert layouts(4, ["dp4", "dp2xsp2", "sp4"]) == [
+        ("dp4", ["parallel.sp=1"]), ("dp2xsp2", ["parallel.sp=2"]), ("sp4", ["parallel.sp=4"])]
+    assert [name for name, _ in layouts(2)] == ["dp2", "sp2"]
+    with pytest.raises(ValueError, match="needs 3 GPUs"):
+        layouts(4, ["dp3"])
+    with pytest.raises(ValueError, match="dpAxspB"):
+        layouts(4, ["dp2-sp2"])

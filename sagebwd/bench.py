@@ -341,10 +341,13 @@ def kernel_report() -> dict:
 
 SWEEP = {
     # (kernel, head_dim): settings (maxnreg 0 = the compiler's choice)
-    # dkdv: (rows, cols, split_d, chain, num_warps, num_stages, maxnreg)
-    ("dkdv", 128): [(128, 128, 2, 0, 8, 2, 0), (128, 64, 2, 0, 8, 3, 0)],
-    ("dkdv", 64): [(64, 64, 1, 1, 4, 2, 0), (128, 64, 1, 1, 8, 3, 0), (64, 32, 1, 1, 4, 2, 0),
-                   (64, 64, 1, 1, 4, 3, 0)],
+    # dkdv: (rows, cols, split_d, chain, num_warps, num_stages, maxnreg, separate dV/dK launches)
+    ("dkdv", 128): [(128, 128, 2, 0, 8, 2, 0, 0), (128, 128, 1, 0, 8, 2, 0, 1), (128, 128, 2, 0, 8, 2, 0, 1),
+                    (128, 128, 1, 0, 8, 3, 0, 1), (64, 128, 1, 0, 4, 2, 0, 1)],
+    ("dkdv", 64): [(64, 64, 1, 1, 4, 2, 0, 0), (64, 64, 1, 1, 4, 2, 0, 1), (128, 64, 1, 1, 8, 3, 0, 0)],
+    # dv, dk (d=128's two dK/dV launches): (num_warps, num_stages, maxnreg)
+    ("dv", 128): [(8, 3, 0), (8, 4, 0), (8, 2, 0)],
+    ("dk", 128): [(8, 2, 0), (8, 1, 0)],
     # dq: (num_warps, num_stages, maxnreg)
     ("dq", 128): [(8, 3, 0)],
     ("dq", 64): [(4, 3, 0), (8, 3, 128), (8, 2, 128)],
@@ -354,7 +357,7 @@ SWEEP = {
 }
 
 
-def sweep(shapes) -> list[dict]:
+def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward")) -> list[dict]:
     """Time each kernel's launch settings (and the dK/dV kernel's block shape) at the target shapes.
 
     Each variant changes one kernel; the pass that contains it is timed (bwd for dq/dkdv, fwd
@@ -365,14 +368,15 @@ def sweep(shapes) -> list[dict]:
     for shape in shapes:
         d = shape[-1]
         for (kernel, head_dim), variants in SWEEP.items():
-            if head_dim != d:
+            if head_dim != d or kernel not in kernels:
                 continue
             for variant in variants:
                 LAUNCH_OVERRIDES.clear()
                 maxnreg = 0
                 if kernel == "dkdv":
-                    rows, cols, split_d, chain, warps, stages, maxnreg = variant
-                    LAUNCH_OVERRIDES["dkdv_blocks"] = dict(rows=rows, cols=cols, split_d=split_d, chain=chain)
+                    rows, cols, split_d, chain, warps, stages, maxnreg, separate = variant
+                    LAUNCH_OVERRIDES["dkdv_blocks"] = dict(rows=rows, cols=cols, split_d=split_d, chain=chain,
+                                                           separate=separate)
                 elif kernel == "forward":
                     rows, warps, stages, maxnreg = variant
                     LAUNCH_OVERRIDES["forward_rows"] = rows
@@ -398,12 +402,16 @@ def kernel_times(shape, causal: bool = True, iters: int = 5) -> dict:
     q, k, v = [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
     do = torch.randn_like(q)
     fn = attention_fn("sage", causal)
-    for _ in range(2):
+    def step():   # grads set to None first: accumulating into .grad would add elementwise kernels
+        q.grad = k.grad = v.grad = None
         fn(q, k, v).backward(do)
+
+    for _ in range(2):
+        step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
-            fn(q, k, v).backward(do)
+            step()
         torch.cuda.synchronize()
     times = {}
     for evt in prof.key_averages():
@@ -428,6 +436,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--check", action="store_true", help="correctness at real sizes first")
     ap.add_argument("--sweep", action="store_true", help="time num_warps/num_stages per kernel")
+    ap.add_argument("--sweep-kernels", nargs="+", default=["dkdv", "dv", "dk", "dq", "forward"],
+                    choices=["dkdv", "dv", "dk", "dq", "forward"], help="with --sweep: only these kernels")
     ap.add_argument("--no-bench", action="store_true", help="skip the benchmark table")
     ap.add_argument("--quick", action="store_true", help="one shape, one mask (smoke test)")
     ap.add_argument("--diagnose", action="store_true", help="where kernel and simulation part (fp32)")
@@ -459,7 +469,7 @@ def main(argv=None) -> int:
         result["bench"] = benchmark(shapes, args.quick)
     result["kernels"] = kernel_report()
     if args.sweep:
-        result["sweep"] = sweep([(8, 8, 4096, 128), (8, 16, 4096, 64)])
+        result["sweep"] = sweep([(8, 8, 4096, 128), (8, 16, 4096, 64)], tuple(args.sweep_kernels))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

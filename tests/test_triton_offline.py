@@ -21,11 +21,13 @@ def test_kernels_compile_to_int8_wgmma_and_fit_hopper(head_dim, blocks):
     for r in rows:
         print(r["kernel"], {k: r[k] for k in ("regs", "spill_bytes", "shared", "num_warps", "num_stages",
                                               "wgmma_s8", "wgmma_16bit", "mma_sync")})
-    assert {"quantize", "forward", "backward_preprocess", "dq", "dkdv"} <= set(by_kernel)
-    for name in ("forward", "dq", "dkdv"):
+    # dK/dV: one launch, or two (dv, then dk) where the kernel runs them separately
+    dkdv = ["dkdv"] if "dkdv" in by_kernel else ["dv", "dk"]
+    assert {"quantize", "forward", "backward_preprocess", "dq", *dkdv} <= set(by_kernel)
+    for name in ("forward", "dq", *dkdv):
         assert by_kernel[name]["wgmma_s8"] > 0, f"{name}: INT8 dots did not compile to wgmma"
         assert by_kernel[name]["mma_sync"] == 0, f"{name}: an mma.sync fallback is in the PTX"
-    for name in ("dq", "dkdv"):   # dP = dO V^T stays 16-bit on the tensor cores
+    for name in ("dq", dkdv[-1]):   # dP = dO V^T stays 16-bit on the tensor cores
         assert by_kernel[name]["wgmma_16bit"] > 0
     for r in rows:
         assert r["shared"] <= HOPPER_SHARED_BYTES, f"{r['kernel']} needs {r['shared']} B of shared memory"
@@ -39,3 +41,41 @@ def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys)
         offline.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_loop_mix_counts_one_exp_per_score_element():
+    """The SASS loop mix of each main loop (the issue-floor model of docs/kernel-notes.md): the
+    backward loops evaluate exp2 once per score element, the forward once plus its per-row
+    rescale; a kernel that computed P twice, or a loop model with the wrong elements per trip,
+    would show here."""
+    rows = offline.loop_mix_report((64, 128))
+    by_kernel = {(r["head_dim"], r["kernel"]): r for r in rows}
+    assert {(64, "forward"), (64, "dq"), (64, "dkdv"), (128, "dv"), (128, "dk")} <= set(by_kernel)
+    for (d, name), r in by_kernel.items():
+        exp = r["by_opcode"].get("MUFU.EX2", 0.0)
+        print(d, name, f"{r['per_element']:.1f} instructions per score element, EX2 {exp:.3f}")
+        if name == "forward":
+            assert 1.0 < exp <= 1.25, (d, name, exp)
+        else:
+            assert exp == pytest.approx(1.0), (d, name, exp)
+        assert 5 < r["per_element"] < 60
+        assert 0 < r["tensor_ms"] < r["issue_ms"]   # issue-bound on Hopper, as measured
+
+
+def test_loop_finder_and_causal_tile_count():
+    from sagebwd.triton import sass_mix
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   FFMA R2, R3, R4, R5 ;
+        /*0020*/              @!P0 MUFU.EX2 R2, R2 ;
+        /*0030*/               @P1 BRA `(.L_x_0) ;
+        /*0040*/                   EXIT ;
+"""
+    instructions, loops = sass_mix.instructions_and_loops(sass)
+    assert loops == [(1, 3)]
+    assert [sass_mix.opcode(t) for t in instructions[1:4]] == ["FFMA", "MUFU.EX2", "BRA"]
+    mix = sass_mix.loop_mix(sass, "dq", {"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8)
+    assert mix["per_element"] == pytest.approx(3 * 256 / 8192)
+    # 4 q blocks of 128 over kv tiles of 64: 2, 4, 6, 8 tiles of 128 x 64
+    assert sass_mix.causal_elements(512, 128, 64) == (2 + 4 + 6 + 8) * 128 * 64

@@ -33,6 +33,11 @@ import triton.language as tl
 from ._common import LAUNCH_OVERRIDES, LOG2E, block_scales, int_to_float, interpreting, launch, launch_settings, round_scaled_to_int8
 from .forward import smooth_q_bias
 
+# What one dK/dV launch computes (the PASS constexpr).
+BOTH = tl.constexpr(0)
+DV_ONLY = tl.constexpr(1)
+DK_ONLY = tl.constexpr(2)
+
 
 @triton.jit
 def _dot16(a, b, DOT_F32: tl.constexpr):
@@ -142,8 +147,11 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                 stride_don, stride_dod, qk_const, N,
                 BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
                 SPLIT_D: tl.constexpr, CHAIN: tl.constexpr, MASKED: tl.constexpr, SMOOTH_Q: tl.constexpr,
-                DOT_F32: tl.constexpr):
+                DOT_F32: tl.constexpr, PASS: tl.constexpr):
     """Loop over the q blocks in [lo, hi), each in Q_BLOCK / BLOCK_M slices.
+
+    PASS: BOTH computes dK and dV; DV_ONLY / DK_ONLY one of them (two launches that each
+    recompute S and P, in exchange for half the accumulators: no spills at d=128).
 
     k_scale, TS_cols: per kv row (a program may hold several kv tiles, each with its own scales).
     An INT8 dot cannot accumulate into the fp32 dK/dV (each tile has its own scale): its int32
@@ -172,8 +180,10 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             mu = tl.load(MU_bh + i * HEAD_DIM + offs_d)
             bias = (tl.sum(ksm * mu[None, :], axis=1) * qk_const)[:, None]
         if CHAIN:
-            dv_int = tl.zeros([dv_a.shape[0], HEAD_DIM], dtype=tl.int32)
-            dk_int = tl.zeros([dv_a.shape[0], HEAD_DIM], dtype=tl.int32)
+            if PASS != DK_ONLY:
+                dv_int = tl.zeros([dv_a.shape[0], HEAD_DIM], dtype=tl.int32)
+            if PASS != DV_ONLY:
+                dk_int = tl.zeros([dv_a.shape[0], HEAD_DIM], dtype=tl.int32)
         for sub in tl.static_range(STEP // BLOCK_M):
             offs_m = start_i + sub * BLOCK_M + tl.arange(0, BLOCK_M)
             q8 = tl.load(Q8_bh + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
@@ -187,37 +197,41 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             # integer dots), so it differs by a few ulps at most, far below the 0.4% above the
             # amax that would round past 127. dS gets a clamp: dP's two orientations sum in
             # different orders, and where dP - delta cancels, that difference is all of dS.
-            p8_t = round_scaled_to_int8(p_t, p_inv, -128, 128)
-            if CHAIN:
-                do8 = tl.trans(tl.load(DO8T_bh + offs_d[:, None] * N + offs_m[None, :]))
-                dv_int = tl.dot(p8_t, do8, dv_int, out_dtype=tl.int32)
-            else:
-                do8 = tl.trans(tl.load(DO8T_bh + offs_h[:, None] * N + offs_m[None, :]))
-                dv_a += int_to_float(tl.dot(p8_t, do8, out_dtype=tl.int32)) * dv_scale
-                if SPLIT_D == 2:
-                    do8 = tl.trans(tl.load(DO8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
-                    dv_b += int_to_float(tl.dot(p8_t, do8, out_dtype=tl.int32)) * dv_scale
-            do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
-            dp_t = _dot16(v, tl.trans(do), DOT_F32)
-            ds_t = p_t * (dp_t - tl.load(DELTA_bh + offs_m)[None, :])
-            ds8_t = round_scaled_to_int8(ds_t, ds_inv, -127, 127)
-            if CHAIN:
-                q8_cols = tl.trans(tl.load(Q8T_bh + offs_d[:, None] * N + offs_m[None, :]))
-                dk_int = tl.dot(ds8_t, q8_cols, dk_int, out_dtype=tl.int32)
-            else:
-                q8_cols = tl.trans(tl.load(Q8T_bh + offs_h[:, None] * N + offs_m[None, :]))
-                dk_a += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
-                if SPLIT_D == 2:
-                    q8_cols = tl.trans(tl.load(Q8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
-                    dk_b += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
-            if SMOOTH_Q:   # the bias branch: colsum(dS_i)^T mu_i, from the unquantised dS
-                ds_colsum = tl.sum(ds_t, axis=1)[:, None]
-                dk_a += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + offs_h)[None, :]
-                if SPLIT_D == 2:
-                    dk_b += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + DH + offs_h)[None, :]
+            if PASS != DK_ONLY:
+                p8_t = round_scaled_to_int8(p_t, p_inv, -128, 128)
+                if CHAIN:
+                    do8 = tl.trans(tl.load(DO8T_bh + offs_d[:, None] * N + offs_m[None, :]))
+                    dv_int = tl.dot(p8_t, do8, dv_int, out_dtype=tl.int32)
+                else:
+                    do8 = tl.trans(tl.load(DO8T_bh + offs_h[:, None] * N + offs_m[None, :]))
+                    dv_a += int_to_float(tl.dot(p8_t, do8, out_dtype=tl.int32)) * dv_scale
+                    if SPLIT_D == 2:
+                        do8 = tl.trans(tl.load(DO8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
+                        dv_b += int_to_float(tl.dot(p8_t, do8, out_dtype=tl.int32)) * dv_scale
+            if PASS != DV_ONLY:
+                do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
+                dp_t = _dot16(v, tl.trans(do), DOT_F32)
+                ds_t = p_t * (dp_t - tl.load(DELTA_bh + offs_m)[None, :])
+                ds8_t = round_scaled_to_int8(ds_t, ds_inv, -127, 127)
+                if CHAIN:
+                    q8_cols = tl.trans(tl.load(Q8T_bh + offs_d[:, None] * N + offs_m[None, :]))
+                    dk_int = tl.dot(ds8_t, q8_cols, dk_int, out_dtype=tl.int32)
+                else:
+                    q8_cols = tl.trans(tl.load(Q8T_bh + offs_h[:, None] * N + offs_m[None, :]))
+                    dk_a += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
+                    if SPLIT_D == 2:
+                        q8_cols = tl.trans(tl.load(Q8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
+                        dk_b += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
+                if SMOOTH_Q:   # the bias branch: colsum(dS_i)^T mu_i, from the unquantised dS
+                    ds_colsum = tl.sum(ds_t, axis=1)[:, None]
+                    dk_a += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + offs_h)[None, :]
+                    if SPLIT_D == 2:
+                        dk_b += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + DH + offs_h)[None, :]
         if CHAIN:   # (SPLIT_D == 1) |sum| < 127^2 * Q_BLOCK < 2^22: exact in int_to_float
-            dv_a += int_to_float(dv_int) * dv_scale
-            dk_a += int_to_float(dk_int) * dk_scale
+            if PASS != DK_ONLY:
+                dv_a += int_to_float(dv_int) * dv_scale
+            if PASS != DV_ONLY:
+                dk_a += int_to_float(dk_int) * dk_scale
     return dk_a, dk_b, dv_a, dv_b
 
 
@@ -229,8 +243,9 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, TILE_SCALES,
                  sm_scale, H, N,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr,
                  HEAD_DIM: tl.constexpr, SPLIT_D: tl.constexpr, CHAIN: tl.constexpr, CAUSAL: tl.constexpr,
-                 SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr):
-    """BLOCK_N kv rows (BLOCK_N / KV_BLOCK kv tiles) per program; q in BLOCK_M slices (BLOCK_M | Q_BLOCK)."""
+                 SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr, PASS: tl.constexpr):
+    """BLOCK_N kv rows (BLOCK_N / KV_BLOCK kv tiles) per program; q in BLOCK_M slices (BLOCK_M | Q_BLOCK).
+    PASS: which of dK, dV this launch computes (BOTH, DV_ONLY, DK_ONLY)."""
     pid_n = tl.program_id(0)   # causal: kv block 0 sees the most queries and runs first
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -276,29 +291,33 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, TILE_SCALES,
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, mask_hi,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
-            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, True, SMOOTH_Q, DOT_F32)
+            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, True, SMOOTH_Q, DOT_F32, PASS)
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, mask_hi, N,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
-            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32)
+            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS)
     else:
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, 0, N,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
-            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32)
+            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS)
     offs_h = tl.arange(0, DH)
     out = seq_base + offs_n[:, None] * HEAD_DIM + offs_h[None, :]
-    tl.store(DK + out, (dk_a * sm_scale).to(DK.dtype.element_ty))
-    tl.store(DV + out, dv_a.to(DV.dtype.element_ty))
-    if SPLIT_D == 2:
-        tl.store(DK + out + DH, (dk_b * sm_scale).to(DK.dtype.element_ty))
-        tl.store(DV + out + DH, dv_b.to(DV.dtype.element_ty))
+    if PASS != DV_ONLY:
+        tl.store(DK + out, (dk_a * sm_scale).to(DK.dtype.element_ty))
+        if SPLIT_D == 2:
+            tl.store(DK + out + DH, (dk_b * sm_scale).to(DK.dtype.element_ty))
+    if PASS != DK_ONLY:
+        tl.store(DV + out, dv_a.to(DV.dtype.element_ty))
+        if SPLIT_D == 2:
+            tl.store(DV + out + DH, dv_b.to(DV.dtype.element_ty))
 
 
-def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int) -> tuple[int, int, int, bool]:
-    """(BLOCK_N kv rows per program, BLOCK_M q rows per slice, SPLIT_D, CHAIN) of the dK/dV kernel.
+def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int) -> tuple[int, int, int, bool, bool]:
+    """(BLOCK_N kv rows per program, BLOCK_M q rows per slice, SPLIT_D, CHAIN, SEPARATE) of the
+    dK/dV kernel; SEPARATE runs dV and dK as two launches (PASS = DV_ONLY, then DK_ONLY).
 
     Rows come in warpgroups of 64 (wgmma M = 64), so no dot runs twice. Best of the H200 sweep
     (docs/kernel-notes.md): d=64 one warpgroup of 64 kv rows, slices of 64 chained in int32, two
@@ -313,7 +332,11 @@ def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int) -> tuple[int
     split = override.get("split_d", 2 if head_dim >= 128 and rows >= 128 else 1)
     # int32 accumulators beside the fp32 ones fit in registers only for head_dim 64
     chain = bool(override.get("chain", head_dim <= 64)) and split == 1
-    return rows, cols, split, chain
+    # d=128: dV and dK as two launches, each with half the accumulators: no spills (v11 sweep:
+    # -11% bwd, though S and P are computed twice); at d=64 the second S/P costs more (+16%)
+    separate = bool(override.get("separate", head_dim >= 128 and rows >= 128 and not chain))
+    split = 1 if separate and "split_d" not in override else split
+    return rows, cols, split, chain, separate
 
 
 def _stages(stage_bytes: int, most: int = 3) -> int:
@@ -352,14 +375,20 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
         q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
         BLOCK_M=block_q, BLOCK_N=block_kv, **flags,
         **launch_settings("dq", _dq_launch(block_q, block_kv, d)))
-    rows, cols, split_d, chain = dkdv_blocks(n, block_q, block_kv, d)
-    launch("dkdv", _dkdv_kernel, (n // rows, b * h),
-        q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, tile_scales, dk, dv, mu, kf, k_mean,
-        *strides, sm_scale, h, n,
-        BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=block_q, KV_BLOCK=block_kv, SPLIT_D=split_d, CHAIN=chain, **flags,
-        # stage: Q^ in both layouts, dO^ and dO for one loop step (a q block when chained)
+    rows, cols, split_d, chain, separate = dkdv_blocks(n, block_q, block_kv, d)
+    step = block_q if chain else cols
+    # Per pass: (launch name, shared-memory bytes a pipeline stage loads for one loop step).
+    # BOTH: Q^ in both layouts, dO^ and dO; DV_ONLY: Q^ and dO^; DK_ONLY: both Q^ and dO.
+    passes = ((DV_ONLY, "dv", 2 * step * d), (DK_ONLY, "dk", 4 * step * d)) if separate else \
+        ((BOTH, "dkdv", 5 * step * d),)
+    for pass_, name, stage_bytes in passes:
         # 4-warp programs get 2 stages so that two fit in an SM's shared memory
-        **launch_settings("dkdv", dict(num_warps=8 if rows >= 128 else 4,
-                               num_stages=_stages(5 * (block_q if chain else cols) * d,
-                                                  2 if split_d == 2 or rows < 128 else 3))))
+        default = dict(num_warps=8 if rows >= 128 else 4,
+                       num_stages=_stages(stage_bytes, 2 if (split_d == 2 or rows < 128) and not separate else 3))
+        launch(name, _dkdv_kernel, (n // rows, b * h),
+            q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, tile_scales, dk, dv, mu, kf, k_mean,
+            *strides, sm_scale, h, n,
+            BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=block_q, KV_BLOCK=block_kv, SPLIT_D=split_d, CHAIN=chain,
+            PASS=pass_.value, **flags,
+            **launch_settings(name if name in LAUNCH_OVERRIDES else "dkdv", default))
     return dq, dk, dv

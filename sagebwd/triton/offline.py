@@ -2,6 +2,7 @@
 whether the INT8 dots are Hopper wgmma (no mma.sync fallback).
 
     python -m sagebwd.triton.offline [--head-dim 64 128] [--arch 90] [--json PATH]
+    python -m sagebwd.triton.offline --loop-mix [--measured docs/bench-h200.json]
 
 The host code runs on CPU tensors with launches recorded instead of run
 (``_common.RECORDED``), so every kernel is compiled with exactly the compile-time arguments,
@@ -10,7 +11,10 @@ compiled by Triton's own compiler for ``cuda:<arch>`` (ptxas comes with Triton),
 the JIT would (integer arguments equal to 1 become constants, pointers and multiples of 16 get
 the divisibility hint). Register and spill counts are the assembler's, read with the bundled
 cuobjdump; they are what the GPU run's kernel report prints, up to Triton version differences.
-No timing: speed comes only from ``python -m sagebwd.bench`` on a GPU.
+No timing: speed comes only from ``python -m sagebwd.bench`` on a GPU. ``--loop-mix`` counts
+the SASS instructions each kernel's main loop issues per score element and the time floors that
+sets (``sass_mix``); with ``--measured`` (a ``sagebwd.bench --kernel-times`` JSON) it divides
+the measured kernel times into them.
 """
 from __future__ import annotations
 
@@ -84,15 +88,23 @@ def _resource_usage(cubin: bytes) -> dict:
             "spill_bytes": int(re.search(r"STACK:(\d+)", text).group(1))}
 
 
-def compile_launch(name, kernel, args, kwargs, arch: int = 90) -> dict:
+def compile_recorded(kernel, args, kwargs, arch: int = 90):
+    """Triton's compiled kernel for one recorded launch, built for cuda:<arch>."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    from ._common import LAUNCH_OPTIONS
     signature, constexprs, attrs = _signature(kernel, args, kwargs)
+    options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
+    return triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", arch, 128 if arch >= 90 else 64), options=options)
+
+
+def compile_launch(name, kernel, args, kwargs, arch: int = 90) -> dict:
     from ._common import LAUNCH_OPTIONS
     options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
-                              target=GPUTarget("cuda", arch, 128 if arch >= 90 else 64), options=options)
+    compiled = compile_recorded(kernel, args, kwargs, arch)
     ptx = compiled.asm["ptx"]
     return {"kernel": name, **_resource_usage(compiled.asm["cubin"]), "shared": compiled.metadata.shared,
             "num_warps": options.get("num_warps"), "num_stages": options.get("num_stages"),
@@ -116,12 +128,67 @@ def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64
     return rows
 
 
+LOOP_KERNELS = ("forward", "dq", "dkdv", "dv", "dk")
+BENCH_SHAPES = {64: (8, 16, 4096, 64), 128: (8, 8, 4096, 128)}   # the issue's causal targets
+
+
+def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64)) -> list[dict]:
+    """Per head dim, the main-loop mix of forward, dQ and dK/dV (non-causal launches: the
+    unmasked steady-state loop) with their floors at the benchmark shape, causal."""
+    from . import sass_mix
+    rows = []
+    for d in head_dims:
+        for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=False,
+                                                          block_q=blocks[0], block_kv=blocks[1]):
+            if name not in LOOP_KERNELS or any(r["kernel"] == name and r["head_dim"] == d for r in rows):
+                continue
+            compiled = compile_recorded(kernel, args, kwargs, arch)
+            constexprs = {k: v for k, v in kwargs.items() if k.isupper()}
+            mix = sass_mix.loop_mix(sass_mix.disassemble(compiled.asm["cubin"]), name, constexprs,
+                                    kwargs.get("num_warps", 4))
+            floors = sass_mix.floors_ms(name, mix["per_element"], BENCH_SHAPES[d], True, *blocks)
+            rows.append({"head_dim": d, "shape": list(BENCH_SHAPES[d]), **mix, **floors})
+    return rows
+
+
+# The profiler's name of each launch's function (dv and dk are two launches of one function).
+_KERNEL_TIME_NAMES = {"forward": "_forward_kernel", "dq": "_dq_kernel", "dkdv": "_dkdv_kernel",
+                      "dv": "_dkdv_kernel", "dk": "_dkdv_kernel"}
+
+
+def print_loop_mix(rows: list[dict], measured: dict | None = None) -> None:
+    """Markdown table; `measured` is a sagebwd.bench JSON with kernel_times (efficiency column)."""
+    times = {}
+    for entry in (measured or {}).get("kernel_times", []):
+        if entry.get("causal"):
+            times[tuple(entry["shape"])] = entry["ms"]
+    print("| d | kernel | thread instr. / score element | top opcodes (per element) | issue floor ms | "
+          "tensor floor ms | measured ms | issue efficiency |")
+    print("|---|---|---|---|---|---|---|---|")
+    for i, r in enumerate(rows):
+        top = ", ".join(f"{op} {n:.2f}" for op, n in list(r["by_opcode"].items())[:8])
+        function = _KERNEL_TIME_NAMES[r["kernel"]]
+        ms = times.get(tuple(r["shape"]), {}).get(function)
+        # launches of one function share its measured time: report it on the last of them
+        group = [g for g in rows if g["head_dim"] == r["head_dim"] and _KERNEL_TIME_NAMES[g["kernel"]] == function]
+        if ms and r is group[-1]:
+            label = " (" + " + ".join(g["kernel"] for g in group) + ")" if len(group) > 1 else ""
+            tail = f"{ms:.3f}{label} | {sum(g['issue_ms'] for g in group) / ms:.0%}"
+        else:
+            tail = "— | —"
+        print(f"| {r['head_dim']} | {r['kernel']} | {r['per_element']:.1f} | {top} | {r['issue_ms']:.3f} | "
+              f"{r['tensor_ms']:.3f} | {tail} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90 = Hopper)")
     ap.add_argument("--blocks", type=int, nargs=2, default=[128, 64], metavar=("BLOCK_Q", "BLOCK_KV"))
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--loop-mix", action="store_true",
+                    help="SASS instructions per score element of each main loop, and the floors they set")
+    ap.add_argument("--measured", help="with --loop-mix: a sagebwd.bench --kernel-times JSON for efficiency")
     args = ap.parse_args(argv)
     bad = [d for d in args.head_dim if d not in (64, 128)]
     if bad:
@@ -131,6 +198,22 @@ def main(argv=None) -> int:
             ap.error(f"--blocks {name}={block}: a power of two in [16, 256]")
     if args.arch < 90:
         ap.error(f"--arch {args.arch}: the INT8 kernels are built for Hopper and later (90+)")
+    if args.measured and not args.loop_mix:
+        ap.error("--measured goes with --loop-mix")
+    if args.loop_mix:
+        measured = None
+        if args.measured:
+            try:
+                with open(args.measured) as f:
+                    measured = json.load(f)
+            except (OSError, ValueError) as err:
+                ap.error(f"--measured {args.measured}: {err}")
+        rows = loop_mix_report(tuple(args.head_dim), args.arch, tuple(args.blocks))
+        print_loop_mix(rows, measured)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return 0
     rows = report(tuple(args.head_dim), args.arch, blocks=tuple(args.blocks))
     print("| d | kernel | warps | stages | maxnreg | regs | spill bytes | shared KB | wgmma s8 | wgmma 16-bit | mma.sync |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

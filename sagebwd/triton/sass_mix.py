@@ -1,0 +1,102 @@
+"""What each kernel's main loop issues per score element, read from its SASS (no GPU needed),
+and the time floor that count sets.
+
+The INT8 kernels are issue-bound on Hopper (docs/kernel-notes.md: tensor cores <= 25% busy,
+issue slots 40-65%), so the number of thread instructions per score element is the quantity
+to cut, and it can be counted offline: compile for sm_90 (``offline``), disassemble with
+Triton's bundled nvdisasm, take the largest loop (a backward branch), histogram its opcodes
+and divide by the score elements one iteration covers.
+
+The issue floor of a kernel is elements x instructions / (4 schedulers x 32 lanes x SMs x
+clock): the time at which every scheduler issues every cycle. A measured time divided into
+it is the kernel's issue efficiency. The tensor floor is its dot FLOPs at the dense peak.
+"""
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import re
+import subprocess
+import tempfile
+
+# Opcodes kept with their first modifier (the unit or shape matters); the rest by base name.
+_KEEP_MODIFIER = {"MUFU", "HGMMA", "IGMMA", "SHFL", "LDS", "LDSM", "STS", "LDGSTS", "I2F", "F2I", "F2FP", "I2IP"}
+# Dots per score element: (INT8 dots, 16-bit dots), each HEAD_DIM MACs per element.
+DOTS_PER_ELEMENT = {"forward": (2, 0), "dq": (2, 1), "dkdv": (3, 1), "dv": (2, 0), "dk": (2, 1)}
+
+
+def disassemble(cubin: bytes) -> str:
+    import triton
+    tool = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm"))
+    if not tool:
+        raise FileNotFoundError("nvdisasm is not bundled with this Triton; the loop mix needs it")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool[0], "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def instructions_and_loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """The instruction texts in order, and (first, last) index of every loop (a branch back)."""
+    instructions, labels, loops = [], {}, []
+    for line in sass.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = len(instructions)
+            continue
+        ins = re.match(r"\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
+        if ins:
+            instructions.append(ins.group(1))
+    for i, text in enumerate(instructions):
+        target = re.search(r"\bBRA\b.*?(\.L_x_\d+)", text)
+        if target and labels.get(target.group(1), i + 1) <= i:
+            loops.append((labels[target.group(1)], i))
+    return instructions, loops
+
+
+def opcode(text: str) -> str:
+    text = re.sub(r"^@!?U?P[T0-9]+\s+", "", text.strip())   # drop a predicate guard
+    parts = text.split()[0].split(".")
+    return ".".join(parts[:2]) if parts[0] in _KEEP_MODIFIER and len(parts) > 1 else parts[0]
+
+
+def elements_per_iteration(kernel: str, constexprs: dict) -> int:
+    """Score elements one trip of the kernel's main loop covers (see each kernel's docstring)."""
+    if kernel == "forward":
+        return constexprs["BLOCK_M"] * constexprs["BLOCK_N"]
+    if kernel == "dq":
+        return constexprs["BLOCK_M"] * constexprs["BLOCK_N"]
+    if kernel in ("dkdv", "dv", "dk"):   # BLOCK_N kv rows; a trip is a q slice, or a q block when chained
+        step = constexprs["Q_BLOCK"] if constexprs.get("CHAIN") else constexprs["BLOCK_M"]
+        return constexprs["BLOCK_N"] * step
+    raise KeyError(f"no loop model for kernel {kernel!r}")
+
+
+def loop_mix(sass: str, kernel: str, constexprs: dict, num_warps: int) -> dict:
+    """Thread instructions per score element in the kernel's largest loop, in all and by opcode."""
+    instructions, loops = instructions_and_loops(sass)
+    if not loops:
+        raise ValueError(f"{kernel}: no loop found in the SASS")
+    first, last = max(loops, key=lambda span: span[1] - span[0])
+    body = instructions[first:last + 1]
+    per_element = 32 * num_warps / elements_per_iteration(kernel, constexprs)
+    counts = collections.Counter(opcode(text) for text in body)
+    return {"kernel": kernel, "loop_instructions": len(body), "per_element": len(body) * per_element,
+            "by_opcode": {op: n * per_element for op, n in counts.most_common()}}
+
+
+def causal_elements(n: int, block_q: int, block_kv: int) -> int:
+    """Score elements in the tiles on or below the diagonal of one head (the kernels' work)."""
+    return sum(block_q * min(n, -(-(i + 1) * block_q // block_kv) * block_kv) for i in range(n // block_q))
+
+
+def floors_ms(kernel: str, per_element: float, shape, causal: bool, block_q: int, block_kv: int,
+              sms: int = 132, ghz: float = 1.98, int8_tops: float = 1979.0, bf16_tflops: float = 989.0) -> dict:
+    """(issue floor, tensor floor) in ms of one kernel for (B, H, N, D); H200 defaults."""
+    b, h, n, d = shape
+    elements = b * h * (causal_elements(n, block_q, block_kv) if causal else n * n)
+    issue = elements * per_element / (4 * 32 * sms * ghz * 1e9) * 1e3
+    int8_dots, bf16_dots = DOTS_PER_ELEMENT[kernel]
+    tensor = (2 * d * elements * (int8_dots / (int8_tops * 1e12) + bf16_dots / (bf16_tflops * 1e12))) * 1e3
+    return {"issue_ms": issue, "tensor_ms": tensor, "elements": elements}

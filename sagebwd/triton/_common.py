@@ -86,13 +86,12 @@ def interpreting() -> bool:
 INTERPRETING = tl.constexpr(interpreting())   # fixed at import, like Triton's own reading of the variable
 
 
-# Hopper converts int <-> float at 16 per clock per SM (1/8 of its fp32 rate), and every score
-# tile needs three such conversions per element; these exact bit tricks use full-rate adds.
-# Adding 1.5 * 2**23 to a float with |x| < 2**22 leaves no fraction bits, so the FPU rounds it to
-# an integer with its default mode (ties to even, like torch.round), and that integer sits in the
-# low mantissa bits: bits(x + 1.5 * 2**23) = 0x4B400000 + round(x).
+# Float -> int8 without a conversion instruction (F2I runs at 1/8 of the fp32 rate, and P and
+# dS need one per score element): adding 1.5 * 2**23 to a float with |x| < 2**22 leaves no
+# fraction bits, so the FPU rounds it to an integer with its default mode (ties to even, like
+# torch.round), and that integer sits in the low mantissa bits: bits(x + 1.5 * 2**23) =
+# 0x4B400000 + round(x), whose low byte is round(x) as an int8.
 MAGIC_F = tl.constexpr(12582912.0)   # 1.5 * 2**23
-MAGIC_I = tl.constexpr(0x4B400000)   # its bit pattern
 
 
 @triton.jit
@@ -147,9 +146,13 @@ def round_scaled_to_int8(x, inv, LO: tl.constexpr, HI: tl.constexpr):
 
 @triton.jit
 def int_to_float(x):
-    """fp32 of int32 x, exact for |x| < 2**22: INT8 dot products here stay below
-    127 * 127 * 256 < 2**22 (the reduction is at most 256 long)."""
-    return (x + MAGIC_I).to(tl.float32, bitcast=True) - MAGIC_F
+    """fp32 of an int32 dot result (exact: INT8 dots here stay below 127 * 127 * 256 < 2**24).
+
+    A plain conversion: on Hopper it is one I2FP, which measured faster than the magic-number
+    form (add 0x4B400000, reinterpret, subtract 1.5 * 2**23: two ops, plus MOVs that preset
+    the dot's accumulator): -3% over forward, dQ and dK/dV (docs/kernel-notes.md, v12).
+    """
+    return x.to(tl.float32)
 
 
 @triton.jit

@@ -88,7 +88,7 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
 
 
 @triton.jit
-def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE, DELTA, DQ, TILE_SCALES, MU, KF, KMEAN,
+def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF, KMEAN,
                stride_vb, stride_vh, stride_vn, stride_vd,
                stride_dob, stride_doh, stride_don, stride_dod,
                stride_kfb, stride_kfh, stride_kfn, stride_kfd,
@@ -109,7 +109,7 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE, DELTA, DQ, TILE_SCALES, MU, KF, 
     q8 = tl.load(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
     q_scale = tl.load(SQ + bh * (N // BLOCK_M) + pid_m)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
-    lse = tl.load(LSE + bh * N + offs_m) * LOG2E
+    lse = tl.load(LSE2 + bh * N + offs_m)
     delta = tl.load(DELTA + bh * N + offs_m)
     K8_bh = K8 + seq_base
     K8T_bh = K8T + seq_base
@@ -143,7 +143,7 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE, DELTA, DQ, TILE_SCALES, MU, KF, 
 
 @triton.jit
 def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
-                Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh, TS_cols,
+                Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
                 stride_don, stride_dod, qk_const, N,
                 BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
                 SPLIT_D: tl.constexpr, CHAIN: tl.constexpr, MASKED: tl.constexpr, SMOOTH_Q: tl.constexpr,
@@ -190,7 +190,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             s_t = int_to_float(tl.dot(k8, tl.trans(q8), out_dtype=tl.int32)) * qk_scale
             if SMOOTH_Q:
                 s_t += bias
-            p_t = tl.math.exp2(s_t - (tl.load(LSE_bh + offs_m) * LOG2E)[None, :])
+            p_t = tl.math.exp2(s_t - tl.load(LSE2_bh + offs_m)[None, :])
             if MASKED:
                 p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
             # No clamp: P here and in the dQ kernel is the same formula on the same operands (exact
@@ -227,7 +227,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                     dk_a += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + offs_h)[None, :]
                     if SPLIT_D == 2:
                         dk_b += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + DH + offs_h)[None, :]
-        if CHAIN:   # (SPLIT_D == 1) |sum| < 127^2 * Q_BLOCK < 2^22: exact in int_to_float
+        if CHAIN:   # (SPLIT_D == 1) |sum| < 127^2 * Q_BLOCK < 2^24: exact in fp32
             if PASS != DK_ONLY:
                 dv_a += int_to_float(dv_int) * dv_scale
             if PASS != DV_ONLY:
@@ -236,7 +236,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
 
 
 @triton.jit
-def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, TILE_SCALES, DK, DV, MU, KF, KMEAN,
+def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES, DK, DV, MU, KF, KMEAN,
                  stride_vb, stride_vh, stride_vn, stride_vd,
                  stride_dob, stride_doh, stride_don, stride_dod,
                  stride_kfb, stride_kfh, stride_kfn, stride_kfd,
@@ -270,7 +270,7 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, TILE_SCALES,
     DO_bh = DO + b * stride_dob + h * stride_doh
     DO8T_bh = DO8T + seq_base
     SDO_bh = SDO + bh * (N // Q_BLOCK)
-    LSE_bh = LSE + bh * N
+    LSE2_bh = LSE2 + bh * N
     DELTA_bh = DELTA + bh * N
     MU_bh = MU + bh * (N // Q_BLOCK) * HEAD_DIM
     # Tile scales of q block 0 for each kv row; the loop adds the q block's offset.
@@ -289,18 +289,18 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE, DELTA, TILE_SCALES,
         mask_hi = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1, Q_BLOCK) * Q_BLOCK, N)
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, mask_hi,
-            Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh, TS_cols,
+            Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
             BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, True, SMOOTH_Q, DOT_F32, PASS)
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, mask_hi, N,
-            Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh, TS_cols,
+            Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
             BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS)
     else:
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, 0, N,
-            Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE_bh, DELTA_bh, MU_bh, TS_cols,
+            Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
             BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS)
     offs_h = tl.arange(0, DH)
@@ -354,9 +354,10 @@ def _dq_launch(block_q: int, block_kv: int, d: int) -> dict:
     return launch
 
 
-def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causal: bool,
+def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, causal: bool,
              smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None):
-    """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype). do and v may have any strides."""
+    """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype). do and v may have any strides;
+    lse2 is the forward's LSE times log2(e) (backward_preprocess writes it)."""
     b, h, n, d = q8.shape
     dq = torch.empty(b, h, n, d, device=q8.device, dtype=out_dtype or v.dtype)
     dk = torch.empty_like(dq)
@@ -372,7 +373,7 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
     flags = dict(HEAD_DIM=d, CAUSAL=causal, SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, DOT_F32=interpreting())
     strides = (*v.stride(), *do.stride(), *kf.stride())
     launch("dq", _dq_kernel, (n // block_q, b * h),
-        q8, s_q, k8, k8t, s_k, v, do, lse, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
+        q8, s_q, k8, k8t, s_k, v, do, lse2, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
         BLOCK_M=block_q, BLOCK_N=block_kv, **flags,
         **launch_settings("dq", _dq_launch(block_q, block_kv, d)))
     rows, cols, split_d, chain, separate = dkdv_blocks(n, block_q, block_kv, d)
@@ -386,7 +387,7 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, *, causa
         default = dict(num_warps=8 if rows >= 128 else 4,
                        num_stages=_stages(stage_bytes, 2 if (split_d == 2 or rows < 128) and not separate else 3))
         launch(name, _dkdv_kernel, (n // rows, b * h),
-            q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse, delta, tile_scales, dk, dv, mu, kf, k_mean,
+            q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, mu, kf, k_mean,
             *strides, sm_scale, h, n,
             BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=block_q, KV_BLOCK=block_kv, SPLIT_D=split_d, CHAIN=chain,
             PASS=pass_.value, **flags,

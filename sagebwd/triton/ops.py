@@ -74,8 +74,8 @@ def _backward_op(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, q8: torch
                  k: torch.Tensor, mu_q: torch.Tensor, k_mean: torch.Tensor, causal: bool, smooth_k: bool,
                  smooth_q: bool, block_q: int, block_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     assert q8t.numel() == q8.numel(), "the forward ran without for_backward=True"
-    delta, do8t, s_do = _quant.backward_preprocess(do, o, block_q)
-    return _bwd.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse, causal=causal,
+    delta, lse2, do8t, s_do = _quant.backward_preprocess(do, o, lse, block_q)
+    return _bwd.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, causal=causal,
                          smooth_k=smooth_k, mu_q=mu_q if smooth_q else None, k=k,
                          k_mean=k_mean if smooth_k else None, block_q=block_q, block_kv=block_kv)
 

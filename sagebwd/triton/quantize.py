@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import interpreting, launch, quantize_tile
+from ._common import LOG2E, interpreting, launch, quantize_tile
 
 
 @triton.jit
@@ -45,11 +45,12 @@ def _quantize_blocks_kernel(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN,
 
 
 @triton.jit
-def _backward_preprocess_kernel(DO, O, DELTA, DO_COLS, DO_SCALE,
+def _backward_preprocess_kernel(DO, O, LSE, DELTA, LSE2, DO_COLS, DO_SCALE,
                                 stride_dob, stride_doh, stride_don, stride_dod,
                                 stride_ob, stride_oh, stride_on, stride_od, H, N,
                                 BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """delta = rowsum(dO * O) (fp32) and the per-block INT8 dO, written sequence-contiguous."""
+    """delta = rowsum(dO * O) (fp32), the LSE in base 2 (the backward's exp2 takes it as is,
+    instead of one multiply per score-tile column) and the per-block INT8 dO, sequence-contiguous."""
     blk = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -61,6 +62,7 @@ def _backward_preprocess_kernel(DO, O, DELTA, DO_COLS, DO_SCALE,
     o = tl.load(O + b * stride_ob + h * stride_oh
                 + offs_n[:, None] * stride_on + offs_d[None, :] * stride_od).to(tl.float32)
     tl.store(DELTA + bh * N + offs_n, tl.sum(do * o, axis=1))
+    tl.store(LSE2 + bh * N + offs_n, tl.load(LSE + bh * N + offs_n) * LOG2E)
     do8, scale = quantize_tile(do)
     tl.store(DO_SCALE + bh * (N // BLOCK) + blk, scale)
     tl.store(DO_COLS + bh.to(tl.int64) * N * HEAD_DIM + offs_d[:, None] * N + offs_n[None, :], tl.trans(do8))
@@ -104,13 +106,14 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
     return out_rows, out_cols, scale, block_mean
 
 
-def backward_preprocess(do: torch.Tensor, o: torch.Tensor, block_q: int):
-    """Returns (delta (B,H,N) fp32, dO int8 (B,H,D,N), dO scales (B,H,N/block_q))."""
+def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int):
+    """Returns (delta (B,H,N) fp32, LSE * log2(e) (B,H,N) fp32, dO int8 (B,H,D,N), dO scales (B,H,N/block_q))."""
     b, h, n, d = do.shape
     delta = torch.empty(b, h, n, device=do.device, dtype=torch.float32)
+    lse2 = torch.empty_like(delta)
     do_cols = torch.empty(b, h, d, n, device=do.device, dtype=torch.int8)
     do_scale = torch.empty(b, h, n // block_q, device=do.device, dtype=torch.float32)
     launch("backward_preprocess", _backward_preprocess_kernel, (n // block_q, b * h),
-        do, o, delta, do_cols, do_scale, *do.stride(), *o.stride(), h, n,
+        do, o, lse, delta, lse2, do_cols, do_scale, *do.stride(), *o.stride(), h, n,
         BLOCK=block_q, HEAD_DIM=d, num_warps=_warps(block_q, d))
-    return delta, do_cols, do_scale
+    return delta, lse2, do_cols, do_scale

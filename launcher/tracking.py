@@ -52,10 +52,13 @@ class MlflowRun:
     written with log_batch, because each sqlite write costs ~20 ms, which would dominate a
     tiny CPU step."""
 
-    def __init__(self, client, run_id: str, tracking_uri: str, system_metrics: bool):
+    def __init__(self, client, run_id: str, tracking_uri: str, system_metrics: bool,
+                 logged_through: int = 0):
         from mlflow.entities import RunTag
 
         self.client, self.run_id, self.tracking_uri = client, run_id, tracking_uri
+        # Steps at or below this are in the store already (a resumed run replays them).
+        self.logged_through = logged_through
         self._pending: list = []
         self._tag_cls = RunTag
         self._monitor = _start_system_metrics(run_id, tracking_uri) if system_metrics else None
@@ -82,15 +85,23 @@ class MlflowRun:
 
     @classmethod
     def reopen(cls, run_id: str, tracking_uri: str | None = None,
-               system_metrics: bool = False) -> "MlflowRun":
-        """A resumed run logs into the run it started (params are already there)."""
+               system_metrics: bool = False, step_key: str = "loss") -> "MlflowRun":
+        """A resumed run logs into the run it started (params are already there).
+
+        A run killed after its last checkpoint has logged steps past it; the resumed run
+        replays those steps bit-identically, so they are not logged a second time (the
+        latest step of `step_key` in the store says how far the first attempt got; its
+        timing metrics for those steps are kept)."""
         client, uri = _client(tracking_uri)
         client.update_run(run_id, status="RUNNING")
-        return cls(client, run_id, uri, system_metrics)
+        logged = max((m.step for m in client.get_metric_history(run_id, step_key)), default=0)
+        return cls(client, run_id, uri, system_metrics, logged_through=logged)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
 
+        if step <= self.logged_through:
+            return
         now = int(time.time() * 1000)
         self._pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
 

@@ -66,14 +66,17 @@ def test_grid_job_tags_parent_run_and_reopen_keeps_one_run(tmp_path, monkeypatch
     first = MlflowRun.create(experiment="unit", run_name="r", params={"a": 1}, tags=tags,
                              config_yaml="a: 1\n", tracking_uri=uri)
     first.log_metrics(1, {"loss": 2.0})
+    first.log_metrics(2, {"loss": 1.5, "eval_loss": 1.7})   # past the (step-1) checkpoint
     first.finish("KILLED")
     again = MlflowRun.reopen(first.run_id, uri)
-    again.log_metrics(2, {"loss": 1.0})
+    again.log_metrics(2, {"loss": 1.5, "eval_loss": 1.7})   # the replayed step: already stored
+    again.log_metrics(3, {"loss": 1.0})
     again.log_json({"status": "FINISHED"}, "summary.json")
     again.finish()
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("unit").experiment_id])
     assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == "parent123"
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_loss")] == [2]
     assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == [
         "config.yaml", "summary.json"]

@@ -184,6 +184,29 @@ def test_tps_that_cannot_be_met_names_the_keys(store):
     assert "train.tokens_per_step (256" in text and "train.micro_batch_size (3)" in text
 
 
+def test_deepspeed_launcher_runs_the_trainer_as_dp2(store, dp2):
+    """DeepSpeed's own `deepspeed` launcher (it sets RANK/LOCAL_RANK/WORLD_SIZE and appends
+    --local_rank=N) starts the same DP=2 world: the same curve, bit for bit."""
+    name = "deepspeed-launcher"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+           and not k.startswith("SLURM_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    deepspeed = Path(sys.executable).with_name("deepspeed")
+    cmd = [str(deepspeed), "--num_gpus", "2", "--master_port", str(_free_port()), "--module",
+           "launcher.train", *BASE, "--set", "train.micro_batch_size=2",
+           "--set", f"tracking.run_name={name}",
+           "--set", f"tracking.tracking_uri=sqlite:///{store / 'mlflow.db'}"]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=PROCESS_DEADLINE_S)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "--local_rank=1" in done.stdout + done.stderr   # the launcher's own argument
+    assert "2 DP" in done.stdout
+    got = curves(store, name)
+    assert got["_status"] == "FINISHED"
+    assert_same_curves(got, dp2, rel=0, grad_norm_rel=0)
+
+
 @pytest.mark.parametrize("how", ["sigkill", "sigusr1"])
 def test_interrupted_run_resumes_to_the_same_trajectory_in_one_mlflow_run(store, dp2, how):
     name = f"resume-{how}"

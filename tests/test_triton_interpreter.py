@@ -41,8 +41,10 @@ CASES = [
     ("fp16-causal-smoothq-q64", "float16", 256, 64, 64, 64, True, True, False),
     ("bf16-d128-full", "bfloat16", 256, 128, 128, 64, False, False, False),
     # "-separate": dV and dK as two launches (PASS = DV_ONLY, then DK_ONLY; d=128's default),
-    # here at d=64 chained; "-onelaunch": d=128 as one launch with dK/dV in column halves
+    # here at d=64; "-chain": 64-row q slices chained in int32 within a q block;
+    # "-onelaunch": d=128 as one launch with dK/dV in column halves
     ("fp16-causal-separate", "float16", 256, 64, 128, 64, True, False, False),
+    ("fp16-causal-smoothq-chain", "float16", 256, 64, 128, 64, True, True, False),
     ("fp16-causal-smoothq-d128-onelaunch", "float16", 256, 128, 128, 64, True, True, False),
 ]
 # Relative L2, kernel vs simulation (same dtype). The interpreter rounds fp32 -> bf16 less
@@ -80,6 +82,8 @@ def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strid
         LAUNCH_OVERRIDES["forward_rows"] = 128
     if name.endswith("-separate"):
         LAUNCH_OVERRIDES["dkdv_blocks"] = {"separate": True}
+    if name.endswith("-chain"):
+        LAUNCH_OVERRIDES["dkdv_blocks"] = {"cols": 64}
     if name.endswith("-onelaunch"):
         LAUNCH_OVERRIDES["dkdv_blocks"] = {"separate": False, "split_d": 2}
     start = time.time()

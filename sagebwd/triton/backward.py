@@ -319,21 +319,23 @@ def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int) -> tuple[int
     """(BLOCK_N kv rows per program, BLOCK_M q rows per slice, SPLIT_D, CHAIN, SEPARATE) of the
     dK/dV kernel; SEPARATE runs dV and dK as two launches (PASS = DV_ONLY, then DK_ONLY).
 
-    Rows come in warpgroups of 64 (wgmma M = 64), so no dot runs twice. Best of the H200 sweep
-    (docs/kernel-notes.md): d=64 one warpgroup of 64 kv rows, slices of 64 chained in int32, two
-    programs per SM; d=128 two warpgroups of 128 kv rows, whole q blocks as slices, dK/dV in
-    column halves.
+    Rows come in warpgroups of 64 (wgmma M = 64), so no dot runs twice. Best of the H200 sweeps
+    (docs/kernel-notes.md): a whole q block (up to 128 rows) per loop step, so each INT8 dot
+    result is converted once per block; d=64 on one warpgroup of 64 kv rows, two programs per
+    SM; d=128 on two warpgroups of 128 kv rows, dV and dK as two launches.
     """
     override = LAUNCH_OVERRIDES.get("dkdv_blocks", {})
     # d=64: 64 kv rows on one warpgroup, two programs per SM (v10 sweep: -2.4% bwd vs 128 rows)
     rows = override.get("rows", 64 if head_dim <= 64 else 128)
     rows = rows if rows % block_kv == 0 and n % rows == 0 else block_kv
-    cols = min(override.get("cols", 64 if head_dim <= 64 else 128), block_q)
+    # whole q blocks (v13 sweep at d=64: -3.5% bwd against 64-row slices chained in int32)
+    cols = min(override.get("cols", 128), block_q)
     split = override.get("split_d", 2 if head_dim >= 128 and rows >= 128 else 1)
-    # int32 accumulators beside the fp32 ones fit in registers only for head_dim 64
-    chain = bool(override.get("chain", head_dim <= 64)) and split == 1
+    # Slices of a larger q block share its scales: chain them in int32 on the tensor cores
+    # (int32 accumulators beside the fp32 ones fit in registers only for head_dim 64).
+    chain = bool(override.get("chain", head_dim <= 64 and cols < block_q)) and split == 1
     # d=128: dV and dK as two launches, each with half the accumulators: no spills (v11 sweep:
-    # -11% bwd, though S and P are computed twice); at d=64 the second S/P costs more (+16%)
+    # -11% bwd, though S and P are computed twice); at d=64 the second S/P costs more (+7-16%)
     separate = bool(override.get("separate", head_dim >= 128 and rows >= 128 and not chain))
     split = 1 if separate and "split_d" not in override else split
     return rows, cols, split, chain, separate

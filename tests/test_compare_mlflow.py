@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from experiments.compare import compare_experiment, compare_manifest

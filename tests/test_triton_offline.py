@@ -35,7 +35,10 @@ def test_kernels_compile_to_int8_wgmma_and_fit_hopper(head_dim, blocks):
 
 @pytest.mark.parametrize("argv,message", [(["--head-dim", "96"], "head_dim 64 or 128"),
                                           (["--blocks", "128", "48"], "BLOCK_KV=48"),
-                                          (["--arch", "80"], "Hopper")])
+                                          (["--arch", "80"], "Hopper"),
+                                          (["--measured", "bench.json"], "goes with --loop-mix"),
+                                          (["--loop-mix", "--measured", "/nonexistent/bench.json"],
+                                           "/nonexistent/bench.json")])
 def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         offline.main(argv)

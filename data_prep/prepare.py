@@ -145,6 +145,18 @@ class _Progress:
             self.last_log = now
 
 
+def _start_method(kind: str) -> str:
+    """How pool workers start. A forked child of a process whose other threads hold locks
+    (torch's thread pools after a training step in the same process, tiktoken's) can wait on
+    them forever: forkserver children come from a clean single-threaded server instead. A
+    HuggingFace source forks so that the workers inherit its opened Arrow table (the CLI's
+    process has no such threads at that point)."""
+    methods = multiprocessing.get_all_start_methods()
+    if kind == "hf" and "fork" in methods:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
 def _run_chunks(pending: list[dict[str, Any]], context: WorkerContext, workers: int,
                 total_bytes: int, done_bytes: int) -> Iterator[dict[str, Any]]:
     progress = _Progress(total_bytes, done_bytes)
@@ -156,9 +168,7 @@ def _run_chunks(pending: list[dict[str, Any]], context: WorkerContext, workers: 
                 progress.update(manifest)
                 yield manifest
         else:
-            # fork: workers inherit an opened HuggingFace dataset instead of re-opening it.
-            methods = multiprocessing.get_all_start_methods()
-            mp = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            mp = multiprocessing.get_context(_start_method(context.spec.kind))
             with mp.Pool(workers, initializer=init_worker, initargs=(context,)) as pool:
                 for manifest in pool.imap_unordered(tokenize_chunk, pending):
                     progress.update(manifest)

@@ -272,3 +272,28 @@ def test_concurrent_prepares_of_one_folder_wait_for_each_other(tmp_path, ranks):
     procs = [subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     assert [p.wait() for p in procs] == [0, 0], [p.stderr.read() for p in procs]
     assert cli_main(["verify", str(tmp_path / "out")]) == 0
+
+
+def test_parallel_prepare_after_training_in_the_same_process(tmp_path, ranks):
+    """Workers are not forked from a process whose thread pools may hold locks: a training run
+    in the same process (torch's pools, tiktoken's) once left a forked worker waiting forever."""
+    script = f"""
+import torch
+from launcher.config import build_run_config
+from launcher.train import train
+train(build_run_config({{"model": {{"preset": "micro"}}, "schedule": {{"warmup_steps": 1}},
+      "train": {{"steps": 2, "micro_batch_size": 2}}, "eval": {{"every": 2, "batches": 1}},
+      "tracking": {{"experiment": "fork-check", "system_metrics": False,
+                    "tracking_uri": "sqlite:///{tmp_path / 'mlflow.db'}"}}}}))
+torch.randn(256, 256) @ torch.randn(256, 256)
+from pathlib import Path
+from tests.test_data_prepare import make_corpus, run_prepare
+make_corpus(Path({str(tmp_path / 'src')!r}), n_txt=6, n_jsonl=10)
+meta = run_prepare(Path({str(tmp_path / 'src')!r}), Path({str(tmp_path / 'out')!r}), Path({str(ranks)!r}),
+                   shard_mb=400 / 2**20, workers=2)
+print("prepared", meta.splits["train"].tokens)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "prepared" in done.stdout

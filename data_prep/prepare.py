@@ -145,16 +145,12 @@ class _Progress:
             self.last_log = now
 
 
-def _start_method(kind: str) -> str:
+def _start_method() -> str:
     """How pool workers start. A forked child of a process whose other threads hold locks
     (torch's thread pools after a training step in the same process, tiktoken's) can wait on
-    them forever: forkserver children come from a clean single-threaded server instead. A
-    HuggingFace source forks so that the workers inherit its opened Arrow table (the CLI's
-    process has no such threads at that point)."""
-    methods = multiprocessing.get_all_start_methods()
-    if kind == "hf" and "fork" in methods:
-        return "fork"
-    return "forkserver" if "forkserver" in methods else "spawn"
+    them forever: forkserver children come from a clean single-threaded server instead (each
+    opens its source itself; a HuggingFace dataset is memory-mapped Arrow, so that is cheap)."""
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 def _run_chunks(pending: list[dict[str, Any]], context: WorkerContext, workers: int,
@@ -168,7 +164,7 @@ def _run_chunks(pending: list[dict[str, Any]], context: WorkerContext, workers: 
                 progress.update(manifest)
                 yield manifest
         else:
-            mp = multiprocessing.get_context(_start_method(context.spec.kind))
+            mp = multiprocessing.get_context(_start_method())
             with mp.Pool(workers, initializer=init_worker, initargs=(context,)) as pool:
                 for manifest in pool.imap_unordered(tokenize_chunk, pending):
                     progress.update(manifest)

@@ -211,7 +211,7 @@ PARQUET_EXPORT_REVISION = "refs/convert/parquet"
 def open_hf_dataset(spec: SourceSpec):
     """The dataset for `spec`: a local `save_to_disk` folder if the input is a path, else the hub.
 
-    Cached per process so that forked workers reuse the parent's memory-mapped Arrow table.
+    Cached per process: each pool worker opens it once (memory-mapped Arrow files).
     """
     key = (spec.input, spec.hf_split, spec.hf_config, spec.hf_revision)
     if key not in _OPEN_DATASETS:

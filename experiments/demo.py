@@ -15,6 +15,7 @@ from pathlib import Path
 
 from experiments.compare import Comparison, compare_experiment
 from experiments.compare_mlflow import CompareError
+from experiments.seeds import VARIANTS as SEED_VARIANTS
 from launcher.config import RunConfig, load_run_config
 from launcher.overrides import ConfigError
 from launcher.train import RunResult, train
@@ -23,10 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "experiments" / "configs" / "cpu-tiny.yaml"
 BASELINE = "FPA"
 # Applied after the user's --set values: these two settings are what the demo compares.
-VARIANTS = {
-    "FPA": ["model.attention=fpa", "model.smoothing=none"],
-    "SageBwd": ["model.attention=sagebwd", "model.smoothing=k"],
-}
+VARIANTS = {"FPA": SEED_VARIANTS["fpa"], "SageBwd": SEED_VARIANTS["sagebwd-k"]}
 LAST_K = 20
 
 

@@ -140,6 +140,13 @@ def markdown_table(rows) -> str:
 # correctness at real sizes
 
 
+def _clear_overrides() -> None:
+    """Drop the sweep's and diagnosis's launch overrides; the --gluon choice stays for the whole run."""
+    from .triton._common import LAUNCH_OVERRIDES
+    for key in [k for k in LAUNCH_OVERRIDES if k != "gluon"]:
+        del LAUNCH_OVERRIDES[key]
+
+
 def _rel(a, b) -> float:
     a, b = a.detach().double(), b.detach().double()
     return float((a - b).norm() / b.norm())
@@ -277,7 +284,7 @@ def diagnose(shape=(1, 2, 4096, 64), dtype=torch.bfloat16, causal=False) -> dict
            "s_v_equal": bool(torch.equal(s_v, s_v_sim)),
            "k_mean_maxdiff": float((k_mean.view(shape[0], shape[1], -1).cpu() - k.float().cpu().mean(-2)).abs().max())}
     for label, override in (("default", {}), ("no_fma", {"enable_fp_fusion": False})):
-        _common.LAUNCH_OVERRIDES.clear()
+        _clear_overrides()
         _common.LAUNCH_OVERRIDES["forward"] = override
         o32, lse = kf.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=torch.float32, causal=causal, smooth_k=True,
                               block_q=128, block_kv=64)
@@ -285,7 +292,7 @@ def diagnose(shape=(1, 2, 4096, 64), dtype=torch.bfloat16, causal=False) -> dict
         out[label] = {"o_rel": _rel(o32, o_sim), "lse_maxdiff": float((lse - saved.lse).abs().max()),
                       "rows_err_gt_1e-5": int((row_err > 1e-5).sum()), "rows": row_err.numel(),
                       "row_err_max": float(row_err.max()), "row_err_median": float(row_err.median())}
-    _common.LAUNCH_OVERRIDES.clear()
+    _clear_overrides()
     print("diagnose", out, flush=True)
     return out
 
@@ -372,7 +379,7 @@ def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward")) -> list[dict]:
             if head_dim != d or kernel not in kernels:
                 continue
             for variant in variants:
-                LAUNCH_OVERRIDES.clear()
+                _clear_overrides()
                 maxnreg = 0
                 if kernel == "dkdv":
                     rows, cols, split_d, chain, warps, stages, maxnreg, separate = variant
@@ -392,7 +399,7 @@ def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward")) -> list[dict]:
                     r = {"ms": None, "error": str(err).splitlines()[0][:200]}
                 out.append({"shape": list(shape), "kernel": kernel, "variant": list(variant), "mode": mode, **r})
                 print(f"sweep {tuple(shape)} causal {mode} {kernel} {variant}: {r.get('ms')}", flush=True)
-    LAUNCH_OVERRIDES.clear()
+    _clear_overrides()
     return out
 
 
@@ -443,9 +450,18 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one shape, one mask (smoke test)")
     ap.add_argument("--diagnose", action="store_true", help="where kernel and simulation part (fp32)")
     ap.add_argument("--kernel-times", action="store_true", help="per-kernel times of one fwd+bwd (profiler)")
+    ap.add_argument("--gluon", default=None, metavar="KERNELS",
+                    help="comma list of kernels to run in their Gluon (Hopper) version (forward, dkdv), 'all' or "
+                         "'none'; default: SAGEBWD_GLUON, else none")
     ap.add_argument("--once", action="store_true",
                     help="run one causal fwd+bwd at each target shape and exit (for ncu and other profilers)")
     args = ap.parse_args(argv)
+    if args.gluon is not None:
+        from .triton import _common
+        try:
+            _common.LAUNCH_OVERRIDES["gluon"] = _common.parse_gluon(args.gluon, "--gluon")
+        except ValueError as err:
+            ap.error(str(err))
     if not torch.cuda.is_available():
         print("sagebwd.bench needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -456,6 +472,8 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         return 0
     result = {"env": environment()}
+    from .triton import _common
+    result["env"]["gluon"] = sorted(_common.gluon_kernels(torch.device("cuda")))
     print(result["env"], flush=True)
     if args.diagnose:
         result["diagnose"] = [diagnose(), diagnose(shape=(1, 2, 4096, 128), causal=True)]

@@ -45,3 +45,18 @@ def test_launch_reraises_what_fewer_stages_cannot_fix():
         _common.launch("standin-b", _StandInKernel(fits_at=0), (1,), 0, num_warps=4, num_stages=2)
     with pytest.raises(OutOfResources):   # registers, not shared memory: no retry
         _common.launch("standin-c", _StandInKernel(fits_at=1, error="registers"), (1,), 0, num_stages=3)
+
+
+def test_gluon_selection_is_validated_and_never_leaves_sm90(monkeypatch):
+    """SAGEBWD_GLUON picks the Gluon (Hopper) kernels; a typo fails with the accepted names, and
+    off a CUDA device (here: the CPU, as under the interpreter) the Triton kernels always run."""
+    import torch
+    assert _common.parse_gluon("all", "x") == _common.GLUON_KERNELS
+    assert _common.parse_gluon(" Forward , dkdv ", "x") == ("forward", "dkdv")
+    assert _common.parse_gluon("none", "x") == () and _common.parse_gluon("", "x") == ()
+    monkeypatch.setenv("SAGEBWD_GLUON", "forward,dkvd")
+    with pytest.raises(ValueError, match=r"SAGEBWD_GLUON='forward,dkvd': unknown kernel\(s\) \['dkvd'\]; "
+                                         r"use a comma list of forward, dkdv"):
+        _common.gluon_kernels(torch.device("cpu"))
+    monkeypatch.setenv("SAGEBWD_GLUON", "all")
+    assert _common.gluon_kernels(torch.device("cpu")) == frozenset()

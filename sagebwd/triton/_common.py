@@ -78,6 +78,37 @@ def launch_settings(name: str, default: dict) -> dict:
     return {k: v for k, v in merged.items() if k in LAUNCH_OPTIONS}
 
 
+GLUON_KERNELS = ("forward", "dkdv")
+
+
+def parse_gluon(text: str, source: str) -> tuple:
+    """The kernel names of a SAGEBWD_GLUON / --gluon value, or a ValueError that says what is accepted."""
+    text = text.strip().lower()
+    chosen = {"all": GLUON_KERNELS, "none": (), "": ()}.get(text, tuple(t.strip() for t in text.split(",")))
+    unknown = set(chosen) - set(GLUON_KERNELS)
+    if unknown:
+        raise ValueError(f"{source}={text!r}: unknown kernel(s) {sorted(unknown)}; "
+                         f"use a comma list of {', '.join(GLUON_KERNELS)}, or 'all' / 'none'")
+    return chosen
+
+
+def gluon_kernels(device) -> frozenset:
+    """Which kernels run as their Gluon (Hopper) versions: ``SAGEBWD_GLUON`` = a comma list of
+    GLUON_KERNELS, "all" or "none" (the default), or the benchmark's override; only on sm_90
+    and never under the interpreter (Gluon has none). The Triton kernels stay the reference."""
+    chosen = LAUNCH_OVERRIDES.get("gluon")
+    if chosen is None:
+        chosen = parse_gluon(os.environ.get("SAGEBWD_GLUON", "none"), "SAGEBWD_GLUON")
+    if RECORDED is not None:   # sagebwd.triton.offline compiles for sm_90 on a CPU
+        return frozenset(chosen)
+    if interpreting() or getattr(device, "type", None) != "cuda":
+        return frozenset()
+    import torch
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return frozenset()
+    return frozenset(chosen)
+
+
 def interpreting() -> bool:
     """True under TRITON_INTERPRET=1 (CPU interpreter): then run one fixed config, no autotuning."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

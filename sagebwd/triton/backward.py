@@ -30,7 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LAUNCH_OVERRIDES, LOG2E, block_scales, int_to_float, interpreting, launch, launch_settings, round_scaled_to_int8
+from ._common import (LAUNCH_OVERRIDES, LOG2E, block_scales, gluon_kernels, int_to_float, interpreting, launch,
+                      launch_settings, round_scaled_to_int8)
+from . import dkdv_hopper
 from .forward import smooth_q_bias
 
 # What one dK/dV launch computes (the PASS constexpr).
@@ -378,6 +380,12 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
         q8, s_q, k8, k8t, s_k, v, do, lse2, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
         BLOCK_M=block_q, BLOCK_N=block_kv, **flags,
         **launch_settings("dq", _dq_launch(block_q, block_kv, d)))
+    if "dkdv" in gluon_kernels(q8.device) and dkdv_hopper.supports(
+            head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
+        grid, args, kwargs = dkdv_hopper.launch_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta,
+                                                     tile_scales, dk, dv, causal=causal, block_q=block_q)
+        launch("dkdv", dkdv_hopper._dkdv_kernel, grid, *args, **kwargs)
+        return dq, dk, dv
     rows, cols, split_d, chain, separate = dkdv_blocks(n, block_q, block_kv, d)
     step = block_q if chain else cols
     # Per pass: (launch name, shared-memory bytes a pipeline stage loads for one loop step).

@@ -14,7 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LAUNCH_OVERRIDES, LN2, LOG2E, int_to_float, launch, launch_settings, round_scaled_to_int8
+from . import forward_hopper
+from ._common import (LAUNCH_OVERRIDES, LN2, LOG2E, gluon_kernels, int_to_float, launch, launch_settings,
+                      round_scaled_to_int8)
 
 
 @triton.jit
@@ -155,9 +157,12 @@ def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bo
     only with Q-smoothing (mu_q not None), for the bias mu_i . K_sm^T.
     """
     b, h, n, d = q8.shape
+    smooth_q = mu_q is not None
+    if "forward" in gluon_kernels(q8.device) and forward_hopper.supports(
+            head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
+        return forward_hopper.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=out_dtype, causal=causal, block_q=block_q)
     o = torch.empty(b, h, n, d, device=q8.device, dtype=out_dtype)
     lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
-    smooth_q = mu_q is not None
     kf = k if smooth_q else q8
     rows = forward_rows(block_q, d)
     launch("forward", _forward_kernel, (n // rows, b * h),

@@ -32,12 +32,16 @@ _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", 
           torch.int32: "i32", torch.int64: "i64"}
 
 
-def record_launches(shape, dtype=torch.bfloat16, causal=True, smooth_q=False, block_q=128, block_kv=64) -> list:
-    """(name, kernel, args, kwargs) of every kernel launch of one forward and one backward."""
+def record_launches(shape, dtype=torch.bfloat16, causal=True, smooth_q=False, block_q=128, block_kv=64,
+                    gluon=()) -> list:
+    """(name, kernel, args, kwargs) of every kernel launch of one forward and one backward;
+    `gluon` names the kernels that take their Gluon (Hopper) version (_common.GLUON_KERNELS)."""
     from . import _common, ops
     b, h, n, d = shape
     q, k, v, do = [torch.randn(b, h, n, d).to(dtype) for _ in range(4)]
     _common.RECORDED = []
+    saved = _common.LAUNCH_OVERRIDES.get("gluon")
+    _common.LAUNCH_OVERRIDES["gluon"] = tuple(gluon)
     try:
         out = ops._forward_op(q, k, v, causal, True, smooth_q, block_q, block_kv, True)
         o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = out
@@ -46,6 +50,10 @@ def record_launches(shape, dtype=torch.bfloat16, causal=True, smooth_q=False, bl
         return _common.RECORDED
     finally:
         _common.RECORDED = None
+        if saved is None:
+            _common.LAUNCH_OVERRIDES.pop("gluon")
+        else:
+            _common.LAUNCH_OVERRIDES["gluon"] = saved
 
 
 def _signature(kernel, args, kwargs):
@@ -54,7 +62,10 @@ def _signature(kernel, args, kwargs):
     constexprs = {names.index(k): v for k, v in kwargs.items() if k in names}
     signature, attrs = {}, {}
     for i, (name, value) in enumerate(zip(names, args)):
-        if isinstance(value, torch.Tensor):
+        if type(value).__name__ == "TensorDescriptor":   # a Gluon kernel's TMA descriptor
+            from triton.runtime.jit import mangle_type
+            signature[name] = mangle_type(value)
+        elif isinstance(value, torch.Tensor):
             signature[name] = "*" + _TYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(value, bool):
@@ -97,7 +108,10 @@ def compile_recorded(kernel, args, kwargs, arch: int = 90):
     from ._common import LAUNCH_OPTIONS
     signature, constexprs, attrs = _signature(kernel, args, kwargs)
     options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
-    return triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+    source = ASTSource
+    if getattr(kernel, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    return triton.compile(source(kernel, signature, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", arch, 128 if arch >= 90 else 64), options=options)
 
 
@@ -112,14 +126,17 @@ def compile_launch(name, kernel, args, kwargs, arch: int = 90) -> dict:
             "wgmma_s8": len(re.findall(r"wgmma\.mma_async[^\n]*\.s8\.s8", ptx)),
             "wgmma_16bit": len(re.findall(r"wgmma\.mma_async[^\n]*\.(?:bf16|f16)\.(?:bf16|f16)", ptx)),
             "mma_sync": len(re.findall(r"\bmma\.sync", ptx)),
+            # waits that leave wgmma groups in flight: the tensor cores run while the warp works
+            "wgmma_overlapped_waits": len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+[1-9]", ptx)),
             "constexprs": {k: v for k, v in kwargs.items() if k.isupper()}}
 
 
-def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64)) -> list[dict]:
+def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64), gluon=()) -> list[dict]:
     rows = []
     for d in head_dims:
         seen = set()
-        for name, kernel, args, kwargs in record_launches((1, 2, seq, d), block_q=blocks[0], block_kv=blocks[1]):
+        for name, kernel, args, kwargs in record_launches((1, 2, seq, d), block_q=blocks[0], block_kv=blocks[1],
+                                                          gluon=gluon):
             key = (name, tuple(sorted((k, str(v)) for k, v in kwargs.items())))
             if key in seen:   # e.g. the quantiser runs for Q, K and V with the same settings
                 continue
@@ -132,14 +149,14 @@ LOOP_KERNELS = ("forward", "dq", "dkdv", "dv", "dk")
 BENCH_SHAPES = {64: (8, 16, 4096, 64), 128: (8, 8, 4096, 128)}   # the issue's causal targets
 
 
-def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64)) -> list[dict]:
+def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), gluon=()) -> list[dict]:
     """Per head dim, the main-loop mix of forward, dQ and dK/dV (non-causal launches: the
     unmasked steady-state loop) with their floors at the benchmark shape, causal."""
     from . import sass_mix
     rows = []
     for d in head_dims:
         for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=False,
-                                                          block_q=blocks[0], block_kv=blocks[1]):
+                                                          block_q=blocks[0], block_kv=blocks[1], gluon=gluon):
             if name not in LOOP_KERNELS or any(r["kernel"] == name and r["head_dim"] == d for r in rows):
                 continue
             compiled = compile_recorded(kernel, args, kwargs, arch)
@@ -189,7 +206,13 @@ def main(argv=None) -> int:
     ap.add_argument("--loop-mix", action="store_true",
                     help="SASS instructions per score element of each main loop, and the floors they set")
     ap.add_argument("--measured", help="with --loop-mix: a sagebwd.bench --kernel-times JSON for efficiency")
+    ap.add_argument("--gluon", default="", metavar="KERNELS",
+                    help="comma list of kernels to build in their Gluon (Hopper) version: forward, dkdv")
     args = ap.parse_args(argv)
+    from ._common import GLUON_KERNELS
+    gluon = tuple(k for k in args.gluon.split(",") if k)
+    if set(gluon) - set(GLUON_KERNELS):
+        ap.error(f"--gluon {args.gluon}: the Gluon kernels are {', '.join(GLUON_KERNELS)}")
     bad = [d for d in args.head_dim if d not in (64, 128)]
     if bad:
         ap.error(f"--head-dim {bad}: the kernels take head_dim 64 or 128")
@@ -208,19 +231,20 @@ def main(argv=None) -> int:
                     measured = json.load(f)
             except (OSError, ValueError) as err:
                 ap.error(f"--measured {args.measured}: {err}")
-        rows = loop_mix_report(tuple(args.head_dim), args.arch, tuple(args.blocks))
+        rows = loop_mix_report(tuple(args.head_dim), args.arch, tuple(args.blocks), gluon)
         print_loop_mix(rows, measured)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
         return 0
-    rows = report(tuple(args.head_dim), args.arch, blocks=tuple(args.blocks))
-    print("| d | kernel | warps | stages | maxnreg | regs | spill bytes | shared KB | wgmma s8 | wgmma 16-bit | mma.sync |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = report(tuple(args.head_dim), args.arch, blocks=tuple(args.blocks), gluon=gluon)
+    print("| d | kernel | warps | stages | maxnreg | regs | spill bytes | shared KB | wgmma s8 | wgmma 16-bit | "
+          "mma.sync | overlapped waits |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['head_dim']} | {r['kernel']} | {r['num_warps']} | {r['num_stages']} | {r['maxnreg'] or '-'} | "
               f"{r['regs']} | {r['spill_bytes']} | {r['shared'] / 1024:.0f} | {r['wgmma_s8']} | {r['wgmma_16bit']} | "
-              f"{r['mma_sync']} |")
+              f"{r['mma_sync']} | {r['wgmma_overlapped_waits']} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

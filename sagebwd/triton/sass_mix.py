@@ -38,7 +38,10 @@ def disassemble(cubin: bytes) -> str:
 
 
 def instructions_and_loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]:
-    """The instruction texts in order, and (first, last) index of every loop (a branch back)."""
+    """The instruction texts in order, and (first, last) index of every loop: a conditional branch
+    back. An unconditional one is not a loop: ptxas puts an mbarrier wait's retry path after the
+    kernel's end and jumps back from it (Gluon kernels), which would look like a loop around
+    everything between."""
     instructions, labels, loops = [], {}, []
     for line in sass.splitlines():
         label = re.match(r"\s*(\.L_x_\d+):", line)
@@ -50,7 +53,7 @@ def instructions_and_loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]
             instructions.append(ins.group(1))
     for i, text in enumerate(instructions):
         target = re.search(r"\bBRA\b.*?(\.L_x_\d+)", text)
-        if target and labels.get(target.group(1), i + 1) <= i:
+        if target and text.startswith("@") and labels.get(target.group(1), i + 1) <= i:
             loops.append((labels[target.group(1)], i))
     return instructions, loops
 
@@ -67,6 +70,8 @@ def elements_per_iteration(kernel: str, constexprs: dict) -> int:
         return constexprs["BLOCK_M"] * constexprs["BLOCK_N"]
     if kernel == "dq":
         return constexprs["BLOCK_M"] * constexprs["BLOCK_N"]
+    if kernel == "dkdv" and "SLICE" in constexprs:   # the Gluon dK/dV: a trip is one whole q block
+        return constexprs["KV_BLOCK"] * constexprs["Q_BLOCK"]
     if kernel in ("dkdv", "dv", "dk"):   # BLOCK_N kv rows; a trip is a q slice, or a q block when chained
         step = constexprs["Q_BLOCK"] if constexprs.get("CHAIN") else constexprs["BLOCK_M"]
         return constexprs["BLOCK_N"] * step

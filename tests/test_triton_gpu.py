@@ -48,12 +48,16 @@ def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def _forward_backward(shape, causal, gluon):
+def _forward_backward(shape, causal, gluon, layout="contiguous"):
     from sagebwd.triton import _common, attention
     _common.LAUNCH_OVERRIDES["gluon"] = gluon
     try:
         g = torch.Generator(device="cuda").manual_seed(7)
         q, k, v, do = [torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
+        if layout == "misaligned":   # contiguous, but 2 bytes past a 16-byte boundary (TMA needs 16)
+            v, do = [torch.cat([t.new_zeros(1), t.flatten()])[1:].view(shape) for t in (v, do)]
+        elif layout == "ulysses":     # DeepSpeed's (seq, batch, heads, dim) permuted to (batch, heads, seq, dim)
+            v, do = [t.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for t in (v, do)]
         q, k, v = [t.requires_grad_() for t in (q, k, v)]
         o = attention(q, k, v, causal)
         return [o.detach(), *torch.autograd.grad(o, (q, k, v), do)]
@@ -79,6 +83,15 @@ def test_gluon_kernels_match_the_triton_kernels(shape, causal):
     for name, a, b in zip(("o", "dq", "dk", "dv"), both, ref):
         err = float((a.double() - b.double()).norm() / b.double().norm())
         assert err <= 1e-3, f"{name}: Gluon forward vs Triton forward {err:.2e}"
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
+@pytest.mark.parametrize("layout", ["misaligned", "ulysses"])
+def test_gluon_dkdv_takes_any_layout_of_v_and_do(layout):
+    ref = _forward_backward((2, 3, 384, 64), True, ())
+    got = _forward_backward((2, 3, 384, 64), True, ("dkdv",), layout)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
+        assert torch.equal(a, b), f"{name} differs with {layout} v/dO"
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")

@@ -54,7 +54,7 @@ def test_gluon_kernels_compile_with_the_tensor_cores_left_running():
                                           (["--blocks", "128", "48"], "BLOCK_KV=48"),
                                           (["--arch", "80"], "Hopper"),
                                           (["--measured", "bench.json"], "goes with --loop-mix"),
-                                          (["--gluon", "forward,dq"], "the Gluon kernels are forward, dkdv"),
+                                          (["--gluon", "forward,dq"], "unknown kernel(s) ['dq']"),
                                           (["--loop-mix", "--measured", "/nonexistent/bench.json"],
                                            "/nonexistent/bench.json")])
 def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys):

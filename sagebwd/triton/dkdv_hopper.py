@@ -1,18 +1,23 @@
-"""dK/dV kernel for Hopper in Gluon (head_dim 64): backward.py's arithmetic with explicit waits.
+"""dK/dV kernel for Hopper in Gluon (head_dim 64), the default on sm_90: backward.py's arithmetic
+in the same order (bit-identical dK, dV), with its memory traffic and waits placed by hand.
 
 Same program shape as backward.py's d=64 launch (64 kv rows on one warpgroup, two programs per
-SM, a whole 128-row q block per loop step, each INT8 dot result converted once per block) and
-the same formulas, but the Triton kernel waits for every wgmma as soon as it is issued, so each
-warp runs S -> P -> dV, dP -> dS -> dK as one dependent chain (ncu: ~4 cycles between a
-warp's instructions at 8 warps per SM). Here a q block is two 64-row slices a, b and the
-waits are placed by hand so the tensor cores work while the warp does elementwise work:
+SM, a whole 128-row q block per loop step, each INT8 dot result converted once per block). A q
+block is two 64-row slices a, b; the INT8 dots of a block chain in int32 on the tensor cores:
 
     issue S_a, dP_a | P_a (S_a) -> issue dV_a | dS_a (dP_a) -> issue dK_a | issue S_b, dP_b
-    P_b -> issue dV_b (chained onto dV_a in int32) | dS_b -> issue dK_b (chained)
+    P_b -> issue dV_b (onto dV_a) | dS_b -> issue dK_b (onto dK_a) | load the next block's scales
     convert dV (while dK_b runs) | convert dK
 
-Q^, Q^T, dO, dO^T arrive by TMA, one q block per ring slot. Limits (else backward.py runs):
-head_dim 64, block_q 128, block_kv 64, no Q-smoothing.
+What made it faster than the Triton kernel (ncu, (8,16,4096,64) causal, H200; docs/kernel-notes.md
+v15-v16) was not the overlap with the tensor cores (wgmma waits were never a large stall) but
+the loads: the Triton kernel spills at 255 registers and reloads inside its loop, and both
+versions waited on global loads of LSE, delta and the block scales (long scoreboard 0.7 cycles
+per instruction). Here LSE and delta come by TMA with the q block and are read from shared
+memory after the S/dP waits (short live ranges: 246 registers, no spills), and the six scales
+of the next block are loaded near the end of the current one. dK/dV 1.55 -> 1.38 ms.
+
+Limits (else backward.py runs): head_dim 64, block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations
 
@@ -30,19 +35,22 @@ STAGES = 2      # q blocks in flight
 
 
 @gluon.jit
-def _load_block(q_desc, do_desc, qt_desc, dot_desc, q_smem, do_smem, qt_smem, dot_smem, bars, r, blk,
-                q_row0, t_row0, STAGES: gl.constexpr, SLICE: gl.constexpr):
-    """TMA of q block `blk` (both slices of Q^, dO, Q^T, dO^T) into ring slot r % STAGES."""
+def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
+                lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, STAGES: gl.constexpr, SLICE: gl.constexpr):
+    """TMA of q block `blk` (both slices of Q^, dO, Q^T, dO^T, LSE and delta) into ring slot r % STAGES."""
     slot = r % STAGES
     bar = bars.index(slot)
-    mbarrier.expect(bar, 2 * (q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                              + qt_desc.block_type.nbytes + dot_desc.block_type.nbytes))
+    mbarrier.expect(bar, 2 * (q_desc.block_type.nbytes + do_desc.block_type.nbytes + qt_desc.block_type.nbytes
+                              + dot_desc.block_type.nbytes) + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
     for h in gl.static_range(2):
         row = blk * 2 * SLICE + h * SLICE
         tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(2 * slot + h))
         tma.async_copy_global_to_shared(do_desc, [q_row0 + row, 0], bar, do_smem.index(2 * slot + h))
         tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(2 * slot + h))
         tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(2 * slot + h))
+    # LSE and delta of the whole block in one copy each (every copy costs the block a barrier)
+    tma.async_copy_global_to_shared(lse_desc, [q_row0 + blk * 2 * SLICE], bar, lse_smem.index(slot))
+    tma.async_copy_global_to_shared(delta_desc, [q_row0 + blk * 2 * SLICE], bar, delta_smem.index(slot))
 
 
 @gluon.jit
@@ -65,24 +73,30 @@ def _slice_probs(st, qk_scale, lse, offs_q, offs_kv, MASK: gl.constexpr):
 
 
 @gluon.jit
-def _block_scales(blk, k_scale, SQ_bh, SDO_bh, TS_col, qk_const, N, KV_BLOCK: gl.constexpr):
-    """(qk_scale, p_inv, ds_inv, dv_scale, dk_scale) of q block blk, as backward.py forms them."""
-    q_scale = gl.load(SQ_bh + blk)
+def _load_scales(blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK: gl.constexpr):
+    """Raw scales of q block blk: s_Q, s_dO and the dQ kernel's (s_P, 1/s_P, s_dS, 1/s_dS) of this kv tile.
+
+    Loaded one block ahead (near the end of the previous block, where registers are free): from
+    global memory at the block's start, their latency was most of the kernel's long-scoreboard stall.
+    """
     ts = TS_col + blk * (N // KV_BLOCK) * 4
-    return ((q_scale * k_scale) * qk_const, gl.load(ts + 1), gl.load(ts + 3),
-            gl.load(ts) * gl.load(SDO_bh + blk), gl.load(ts + 2) * q_scale)
+    return gl.load(SQ_bh + blk), gl.load(SDO_bh + blk), gl.load(ts), gl.load(ts + 1), gl.load(ts + 2), gl.load(ts + 3)
 
 
 @gluon.jit
-def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, bars,
-             q_desc, do_desc, qt_desc, dot_desc, n_blocks, q_row0, t_row0, offs_kv, LSE2_bh, DELTA_bh,
-             qk_scale, p_inv, ds_inv, dv_scale, dk_scale,
+def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, bars,
+             q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks, q_row0, t_row0, offs_kv,
+             q_scale, s_do, p_scale, p_inv, ds_scale, ds_inv, k_scale, qk_const, next_blk, SQ_bh, SDO_bh, TS_col, N,
              s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
              op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, KV_BLOCK: gl.constexpr,
              HEAD_DIM: gl.constexpr, HAS_A: gl.constexpr, MASK_A: gl.constexpr, MASK_B: gl.constexpr):
     """dV, dK after q block `blk` (ring slot r). Slice a (rows 0-63 of the block) runs only if
     HAS_A; MASK_* apply the causal mask (the slice holding the diagonal)."""
     slot = r % STAGES
+    # backward.py's products, in its order
+    qk_scale = (q_scale * k_scale) * qk_const
+    dv_scale = p_scale * s_do
+    dk_scale = ds_scale * q_scale
     col: gl.constexpr = gl.SliceLayout(0, s_layout)
     offs_a = blk * 2 * SLICE + gl.arange(0, SLICE, layout=col)
     offs_b = offs_a + SLICE
@@ -95,14 +109,14 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
         st_a = warpgroup_mma(k_smem, q_smem.index(2 * slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         dpt_a = warpgroup_mma(v_smem, do_smem.index(2 * slot).permute((1, 0)), zero_dp, use_acc=False,
                               is_async=True)
-        lse_a = gl.load(LSE2_bh + offs_a)
-        delta_a = gl.load(DELTA_bh + offs_a)
         st_a = warpgroup_mma_wait(1, deps=[st_a])
+        lse_a = lse_smem.index(slot).slice(0, SLICE).load(col)
         p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A)
         p8_a = gl.convert_layout(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
         dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
                                is_async=True)
         dpt_a = warpgroup_mma_wait(1, deps=[dpt_a])
+        delta_a = delta_smem.index(slot).slice(0, SLICE).load(col)
         ds_a = p_a * (gl.convert_layout(dpt_a, s_layout) - delta_a[None, :])
         ds8_a = gl.convert_layout(_int8_bits(ds_a, ds_inv, -127, 127).to(gl.int8), op_layout)
         dk_int = warpgroup_mma(ds8_a, qt_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
@@ -110,9 +124,8 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
     st_b = warpgroup_mma(k_smem, q_smem.index(2 * slot + 1).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     dpt_b = warpgroup_mma(v_smem, do_smem.index(2 * slot + 1).permute((1, 0)), zero_dp, use_acc=False,
                           is_async=True)
-    lse_b = gl.load(LSE2_bh + offs_b)
-    delta_b = gl.load(DELTA_bh + offs_b)
     st_b = warpgroup_mma_wait(1, deps=[st_b])
+    lse_b = lse_smem.index(slot).slice(SLICE, SLICE).load(col)
     p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B)
     p8_b = gl.convert_layout(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
     if HAS_A:
@@ -121,6 +134,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
         dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), zero_acc, use_acc=False,
                                is_async=True)
     dpt_b = warpgroup_mma_wait(1, deps=[dpt_b])
+    delta_b = delta_smem.index(slot).slice(SLICE, SLICE).load(col)
     ds_b = p_b * (gl.convert_layout(dpt_b, s_layout) - delta_b[None, :])
     ds8_b = gl.convert_layout(_int8_bits(ds_b, ds_inv, -127, 127).to(gl.int8), op_layout)
     if HAS_A:
@@ -128,19 +142,21 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
     else:
         dk_int = warpgroup_mma(ds8_b, qt_smem.index(2 * slot + 1).permute((1, 0)), zero_acc, use_acc=False,
                                is_async=True)
+    nxt = _load_scales(next_blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK)
     dv_int = warpgroup_mma_wait(1, deps=[dv_int])
     dv += dv_int.to(gl.float32) * dv_scale
     dk_int = warpgroup_mma_wait(0, deps=[dk_int])
     dk += dk_int.to(gl.float32) * dk_scale
     if r + STAGES < n_blocks:   # this slot is free again: fetch the block STAGES ahead
-        _load_block(q_desc, do_desc, qt_desc, dot_desc, q_smem, do_smem, qt_smem, dot_smem, bars, r + STAGES,
+        _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
+                    lse_smem, delta_smem, bars, r + STAGES,
                     blk + STAGES, q_row0, t_row0, STAGES, SLICE)
-    return dv, dk
+    return dv, dk, nxt
 
 
 @gluon.jit
-def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, SQ, SK, SDO, LSE2, DELTA, TILE_SCALES,
-                 DK, DV, sm_scale, N,
+def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                 SQ, SK, SDO, TILE_SCALES, DK, DV, sm_scale, N,
                  HEAD_DIM: gl.constexpr, Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, SLICE: gl.constexpr,
                  CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
@@ -162,6 +178,8 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, SQ, SK, SDO
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [2 * STAGES, SLICE, HEAD_DIM], do_desc.layout)
     qt_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], qt_desc.layout)
     dot_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], dot_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * SLICE], lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * SLICE], delta_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES + 1):
         mbarrier.init(bars.index(i), count=1)
@@ -180,14 +198,13 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, SQ, SK, SDO
     n_blocks = N // Q_BLOCK - first
     for i in gl.static_range(STAGES):
         if i < n_blocks:
-            _load_block(q_desc, do_desc, qt_desc, dot_desc, q_smem, do_smem, qt_smem, dot_smem, bars, i, first + i,
+            _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
+                    lse_smem, delta_smem, bars, i, first + i,
                         q_row0, t_row0, STAGES, SLICE)
 
     k_scale = gl.load(SK + bh * (N // KV_BLOCK) + pid_n)
     SQ_bh = SQ + bh * (N // Q_BLOCK)
     SDO_bh = SDO + bh * (N // Q_BLOCK)
-    LSE2_bh = LSE2 + bh * N
-    DELTA_bh = DELTA + bh * N
     TS_col = TILE_SCALES + bh.to(gl.int64) * (N // Q_BLOCK) * (N // KV_BLOCK) * 4 + pid_n * 4
     qk_const = sm_scale * 1.4426950408889634
     offs_kv = start_n + gl.arange(0, KV_BLOCK, layout=gl.SliceLayout(1, s_layout))
@@ -195,33 +212,34 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, SQ, SK, SDO
     dk = gl.zeros([KV_BLOCK, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_bar, 0)
 
+    last = N // Q_BLOCK - 1
+    sc = _load_scales(first, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK)
     loop_start = 0
     if CAUSAL:
         # The diagonal block: the kv tile is its first slice (slice a masked, b full) or its
         # second (slice a wholly above the diagonal: skipped; b masked).
-        qk_scale, p_inv, ds_inv, dv_scale, dk_scale = _block_scales(first, k_scale, SQ_bh, SDO_bh, TS_col,
-                                                                    qk_const, N, KV_BLOCK)
         if start_n % Q_BLOCK == 0:
-            dv, dk = _q_block(0, first, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, bars,
-                              q_desc, do_desc, qt_desc, dot_desc, n_blocks, q_row0, t_row0, offs_kv, LSE2_bh,
-                              DELTA_bh, qk_scale, p_inv, ds_inv, dv_scale, dk_scale,
-                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                              True, True, False)
+            dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                                  delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                                  n_blocks, q_row0, t_row0, offs_kv, *sc, k_scale, qk_const,
+                                  gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
+                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                                  True, True, False)
         else:
-            dv, dk = _q_block(0, first, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, bars,
-                              q_desc, do_desc, qt_desc, dot_desc, n_blocks, q_row0, t_row0, offs_kv, LSE2_bh,
-                              DELTA_bh, qk_scale, p_inv, ds_inv, dv_scale, dk_scale,
-                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                              False, False, True)
+            dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                                  delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                                  n_blocks, q_row0, t_row0, offs_kv, *sc, k_scale, qk_const,
+                                  gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
+                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                                  False, False, True)
         loop_start = 1
     for r in range(loop_start, n_blocks):
-        qk_scale, p_inv, ds_inv, dv_scale, dk_scale = _block_scales(first + r, k_scale, SQ_bh, SDO_bh, TS_col,
-                                                                    qk_const, N, KV_BLOCK)
-        dv, dk = _q_block(r, first + r, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, bars,
-                          q_desc, do_desc, qt_desc, dot_desc, n_blocks, q_row0, t_row0, offs_kv, LSE2_bh,
-                          DELTA_bh, qk_scale, p_inv, ds_inv, dv_scale, dk_scale,
-                          s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                          True, False, False)
+        dv, dk, sc = _q_block(r, first + r, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                              delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
+                              q_row0, t_row0, offs_kv, *sc, k_scale, qk_const, gl.minimum(first + r + 1, last),
+                              SQ_bh, SDO_bh, TS_col, N,
+                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                              True, False, False)
     for i in gl.static_range(STAGES + 1):
         mbarrier.invalidate(bars.index(i))
 
@@ -238,20 +256,29 @@ def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> b
 
 
 def _desc(t2d, block):
-    dtype = {torch.int8: gl.int8, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t2d.dtype]
+    dtype = {torch.int8: gl.int8, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
+             torch.float32: gl.float32}[t2d.dtype]
     layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
     return TensorDescriptor(t2d, list(t2d.shape), list(t2d.stride()), block, layout)
 
 
+def _tma_ready(t):
+    """t as a contiguous tensor at a 16-byte aligned address (what a TMA descriptor needs); a copy
+    only where t is not already (DeepSpeed's Ulysses hands permuted views, projections narrow ones)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def launch_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
                 block_q: int):
-    """(grid, args, kwargs) of one launch; v and do are made contiguous (TMA needs 2-D row-major views)."""
+    """(grid, args, kwargs) of one launch; v and do may have any strides and alignment."""
     b, h, n, d = q8.shape
     rows = b * h * n
-    args = (_desc(k8.reshape(rows, d), [ROWS, d]), _desc(v.contiguous().reshape(rows, d), [ROWS, d]),
-            _desc(q8.reshape(rows, d), [SLICE, d]), _desc(do.contiguous().reshape(rows, d), [SLICE, d]),
+    args = (_desc(k8.reshape(rows, d), [ROWS, d]), _desc(_tma_ready(v).reshape(rows, d), [ROWS, d]),
+            _desc(q8.reshape(rows, d), [SLICE, d]), _desc(_tma_ready(do).reshape(rows, d), [SLICE, d]),
             _desc(q8t.reshape(b * h * d, n), [d, SLICE]), _desc(do8t.reshape(b * h * d, n), [d, SLICE]),
-            s_q, s_k, s_do, lse2, delta, tile_scales, dk, dv, 1.0 / d ** 0.5, n)
+            _desc(lse2.reshape(rows), [2 * SLICE]), _desc(delta.reshape(rows), [2 * SLICE]),
+            s_q, s_k, s_do, tile_scales, dk, dv, 1.0 / d ** 0.5, n)
     kwargs = dict(HEAD_DIM=d, Q_BLOCK=block_q, KV_BLOCK=ROWS, SLICE=SLICE, CAUSAL=causal, STAGES=STAGES,
                   num_warps=4)
     return (n // ROWS, b * h), args, kwargs

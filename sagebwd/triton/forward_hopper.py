@@ -1,17 +1,21 @@
-"""Forward kernel for Hopper in Gluon: forward.py's arithmetic, with the tensor cores kept busy.
+"""Forward kernel for Hopper in Gluon (opt-in: SAGEBWD_GLUON=forward): forward.py's arithmetic,
+with the next tile's S = Q^K^T on the tensor cores while this tile's softmax runs.
 
-The Triton forward waits for every wgmma right after issuing it (Triton keeps a dot
-asynchronous only when it accumulates into a loop-carried value, and neither of ours does: each
-tile has its own scale), so a warp's work is one dependent chain S -> softmax -> P^ -> P^V.
-Here the waits are explicit (FlashAttention-3's intra-warpgroup overlap): iteration j issues
-S_j = Q^K_j^T and P^_{j-1}V^_{j-1} together, runs tile j's softmax and quantisation while P^V
-is still on the tensor cores, and only then waits for it. K^/V^ tiles arrive by TMA into a
-ring of STAGES buffers.
+Triton 3.6 waits for each of forward.py's dots right after issuing it (neither accumulates
+into a loop-carried value: each tile has its own scale), so a warp's work is one dependent
+chain S -> softmax -> P^ -> P^V. Here the waits are explicit (FlashAttention-3's
+intra-warpgroup overlap): iteration j issues S_j = Q^K_j^T and P^_{j-1}V^_{j-1} together, runs
+tile j's softmax and quantisation while both are on the tensor cores, and only then waits for
+P^V. K^/V^ tiles arrive by TMA into a ring of STAGES buffers. The update acc_j = acc_{j-1} *
+alpha_j + pv_j * c_j is applied one iteration late (alpha and c are carried), in forward.py's
+order; O differs from forward.py's by one bf16 ulp in 1e-5 to 1e-4 of its elements (the
+compiler contracts differently), the LSE by <= 1e-6.
 
-The arithmetic is forward.py's, in its order: acc_j = acc_{j-1} * alpha_j + pv_j * c_j is
-applied one iteration late (alpha and c are carried), so O and the LSE match that kernel.
-Limits (the caller falls back to forward.py otherwise): K-smoothing or none (no Q-smoothing
-bias), 64-row programs with block_kv = 64, so the causal diagonal is exactly the last tile.
+Measured on an H200 (docs/kernel-notes.md, v14): the overlap cut the cycles between a warp's
+instructions from 5.3 to 3.2, but at 16 warps per SM the forward already issues in 74% of
+cycles, so the time moved by -2.5% (d=128 causal) to +5% (d=64 causal): not the default.
+Limits (forward.py runs otherwise): no Q-smoothing bias, 64-row programs with block_kv = 64, so
+the causal diagonal is exactly the last tile.
 """
 from __future__ import annotations
 

@@ -33,15 +33,17 @@ _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", 
 
 
 def record_launches(shape, dtype=torch.bfloat16, causal=True, smooth_q=False, block_q=128, block_kv=64,
-                    gluon=()) -> list:
+                    gluon=None) -> list:
     """(name, kernel, args, kwargs) of every kernel launch of one forward and one backward;
-    `gluon` names the kernels that take their Gluon (Hopper) version (_common.GLUON_KERNELS)."""
+    `gluon` names the kernels that take their Gluon (Hopper) version (default: what a Hopper GPU
+    runs, _common.GLUON_DEFAULT or SAGEBWD_GLUON)."""
     from . import _common, ops
     b, h, n, d = shape
     q, k, v, do = [torch.randn(b, h, n, d).to(dtype) for _ in range(4)]
     _common.RECORDED = []
     saved = _common.LAUNCH_OVERRIDES.get("gluon")
-    _common.LAUNCH_OVERRIDES["gluon"] = tuple(gluon)
+    if gluon is not None:
+        _common.LAUNCH_OVERRIDES["gluon"] = tuple(gluon)
     try:
         out = ops._forward_op(q, k, v, causal, True, smooth_q, block_q, block_kv, True)
         o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = out
@@ -51,7 +53,7 @@ def record_launches(shape, dtype=torch.bfloat16, causal=True, smooth_q=False, bl
     finally:
         _common.RECORDED = None
         if saved is None:
-            _common.LAUNCH_OVERRIDES.pop("gluon")
+            _common.LAUNCH_OVERRIDES.pop("gluon", None)
         else:
             _common.LAUNCH_OVERRIDES["gluon"] = saved
 
@@ -131,7 +133,7 @@ def compile_launch(name, kernel, args, kwargs, arch: int = 90) -> dict:
             "constexprs": {k: v for k, v in kwargs.items() if k.isupper()}}
 
 
-def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64), gluon=()) -> list[dict]:
+def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64), gluon=None) -> list[dict]:
     rows = []
     for d in head_dims:
         seen = set()
@@ -149,7 +151,7 @@ LOOP_KERNELS = ("forward", "dq", "dkdv", "dv", "dk")
 BENCH_SHAPES = {64: (8, 16, 4096, 64), 128: (8, 8, 4096, 128)}   # the issue's causal targets
 
 
-def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), gluon=()) -> list[dict]:
+def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), gluon=None) -> list[dict]:
     """Per head dim, the main-loop mix of forward, dQ and dK/dV (non-causal launches: the
     unmasked steady-state loop) with their floors at the benchmark shape, causal."""
     from . import sass_mix
@@ -206,13 +208,17 @@ def main(argv=None) -> int:
     ap.add_argument("--loop-mix", action="store_true",
                     help="SASS instructions per score element of each main loop, and the floors they set")
     ap.add_argument("--measured", help="with --loop-mix: a sagebwd.bench --kernel-times JSON for efficiency")
-    ap.add_argument("--gluon", default="", metavar="KERNELS",
-                    help="comma list of kernels to build in their Gluon (Hopper) version: forward, dkdv")
+    ap.add_argument("--gluon", default=None, metavar="KERNELS",
+                    help="kernels to build in their Gluon (Hopper) version: a comma list of forward, dkdv, or "
+                         "all / none / default (the default: what a Hopper GPU runs)")
     args = ap.parse_args(argv)
-    from ._common import GLUON_KERNELS
-    gluon = tuple(k for k in args.gluon.split(",") if k)
-    if set(gluon) - set(GLUON_KERNELS):
-        ap.error(f"--gluon {args.gluon}: the Gluon kernels are {', '.join(GLUON_KERNELS)}")
+    from ._common import parse_gluon
+    gluon = None
+    if args.gluon is not None:
+        try:
+            gluon = parse_gluon(args.gluon, "--gluon")
+        except ValueError as err:
+            ap.error(str(err))
     bad = [d for d in args.head_dim if d not in (64, 128)]
     if bad:
         ap.error(f"--head-dim {bad}: the kernels take head_dim 64 or 128")

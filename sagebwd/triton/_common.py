@@ -78,9 +78,9 @@ def launch_settings(name: str, default: dict) -> dict:
     return {k: v for k, v in merged.items() if k in LAUNCH_OPTIONS}
 
 
-# Kernels with a Gluon (Hopper) version, and those that run by default: the dK/dV kernel at
-# d=64 is bit-identical to the Triton one and 7-11% faster on an H200; the forward is not
-# faster overall (docs/kernel-notes.md, v14-v16).
+# Kernels with a Gluon (Hopper) version, and those that run by default: the dK/dV kernel is
+# bit-identical to the Triton one and 5-19% faster on an H200 at d=64 and d=128; the forward is
+# not faster overall (docs/kernel-notes.md, v14-v17).
 GLUON_KERNELS = ("forward", "dkdv")
 GLUON_DEFAULT = ("dkdv",)
 

@@ -1,9 +1,12 @@
-"""dK/dV kernel for Hopper in Gluon (head_dim 64), the default on sm_90: backward.py's arithmetic
-in the same order (bit-identical dK, dV), with its memory traffic and waits placed by hand.
+"""dK/dV kernel for Hopper in Gluon, the default on sm_90: backward.py's arithmetic in the same
+order (bit-identical dK, dV), with its memory traffic and waits placed by hand.
 
-Same program shape as backward.py's d=64 launch (64 kv rows on one warpgroup, two programs per
-SM, a whole 128-row q block per loop step, each INT8 dot result converted once per block). A q
-block is two 64-row slices a, b; the INT8 dots of a block chain in int32 on the tensor cores:
+64 kv rows on one warpgroup, two programs per SM, a whole 128-row q block per loop step, each
+INT8 dot result converted once per block. At d=64 one launch computes dK and dV (backward.py's
+d=64 shape); at d=128 two launches of the same kernel (PASS = DV_ONLY, then DK_ONLY), where
+backward.py runs 128 kv rows on two warpgroups that synchronise every step (ncu: barrier stalls
+1.1 cycles per instruction). A q block is two 64-row slices a, b; the INT8 dots of a block chain
+in int32 on the tensor cores (the dK/dV pass at d=64):
 
     issue S_a, dP_a | P_a (S_a) -> issue dV_a | dS_a (dP_a) -> issue dK_a | issue S_b, dP_b
     P_b -> issue dV_b (onto dV_a) | dS_b -> issue dK_b (onto dK_a) | load the next block's scales
@@ -15,9 +18,10 @@ the loads: the Triton kernel spills at 255 registers and reloads inside its loop
 versions waited on global loads of LSE, delta and the block scales (long scoreboard 0.7 cycles
 per instruction). Here LSE and delta come by TMA with the q block and are read from shared
 memory after the S/dP waits (short live ranges: 246 registers, no spills), and the six scales
-of the next block are loaded near the end of the current one. dK/dV 1.55 -> 1.38 ms.
+of the next block are loaded near the end of the current one. (8,16,4096,64) causal: dK/dV
+1.55 -> 1.38 ms; (8,8,4096,128): 1.52 -> 1.42 ms causal, 2.68 -> 2.22 ms without a mask.
 
-Limits (else backward.py runs): head_dim 64, block_q 128, block_kv 64, no Q-smoothing.
+Limits (else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations
 
@@ -29,28 +33,52 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 G_MAGIC_F = gl.constexpr(12582912.0)   # 1.5 * 2**23: see _common.MAGIC_F
 
+# What one launch computes (PASS): at d=128 dV and dK are two launches, as in backward.py (one
+# warpgroup cannot hold both 64 x 128 pairs of fp32 and int32 accumulators).
+BOTH = gl.constexpr(0)
+DV_ONLY = gl.constexpr(1)
+DK_ONLY = gl.constexpr(2)
+
 ROWS = 64       # kv rows per program = block_kv
 SLICE = 64      # q rows per slice; a q block (128) is two
 STAGES = 2      # q blocks in flight
+# d=128's dK pass loads Q^, dO, Q^T per block (80 KB per stage): one stage keeps two programs per
+# SM, two stages leave one. H200 (docs/kernel-notes.md, v17): one stage is 18-19% faster than
+# backward.py's dV + dK without a mask at seq 2048-16384 and 7-9% causal up to 4096; causal
+# from 8192 on, two stages are (5-7%; one stage was 0-3% slower than backward.py there).
+STAGES_DK128 = None   # set only by experiments; None: the rule above
+
+
+def dk128_stages(n: int, causal: bool) -> int:
+    if STAGES_DK128 is not None:
+        return STAGES_DK128
+    return 2 if causal and n >= 8192 else 1
 
 
 @gluon.jit
 def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
-                lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, STAGES: gl.constexpr, SLICE: gl.constexpr):
-    """TMA of q block `blk` (both slices of Q^, dO, Q^T, dO^T, LSE and delta) into ring slot r % STAGES."""
+                lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, STAGES: gl.constexpr, SLICE: gl.constexpr,
+                PASS: gl.constexpr):
+    """TMA of q block `blk` into ring slot r % STAGES: both slices of Q^ and LSE, and what the pass
+    needs of dO^T (dV) and dO, Q^T, delta (dK)."""
     slot = r % STAGES
     bar = bars.index(slot)
-    mbarrier.expect(bar, 2 * (q_desc.block_type.nbytes + do_desc.block_type.nbytes + qt_desc.block_type.nbytes
-                              + dot_desc.block_type.nbytes) + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+    dv_bytes: gl.constexpr = 2 * dot_desc.block_type.nbytes if PASS != DK_ONLY else 0
+    dk_bytes: gl.constexpr = (2 * (do_desc.block_type.nbytes + qt_desc.block_type.nbytes)
+                              + delta_desc.block_type.nbytes) if PASS != DV_ONLY else 0
+    mbarrier.expect(bar, 2 * q_desc.block_type.nbytes + lse_desc.block_type.nbytes + dv_bytes + dk_bytes)
     for h in gl.static_range(2):
         row = blk * 2 * SLICE + h * SLICE
         tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(2 * slot + h))
-        tma.async_copy_global_to_shared(do_desc, [q_row0 + row, 0], bar, do_smem.index(2 * slot + h))
-        tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(2 * slot + h))
-        tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(2 * slot + h))
+        if PASS != DV_ONLY:
+            tma.async_copy_global_to_shared(do_desc, [q_row0 + row, 0], bar, do_smem.index(2 * slot + h))
+            tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(2 * slot + h))
+        if PASS != DK_ONLY:
+            tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(2 * slot + h))
     # LSE and delta of the whole block in one copy each (every copy costs the block a barrier)
     tma.async_copy_global_to_shared(lse_desc, [q_row0 + blk * 2 * SLICE], bar, lse_smem.index(slot))
-    tma.async_copy_global_to_shared(delta_desc, [q_row0 + blk * 2 * SLICE], bar, delta_smem.index(slot))
+    if PASS != DV_ONLY:
+        tma.async_copy_global_to_shared(delta_desc, [q_row0 + blk * 2 * SLICE], bar, delta_smem.index(slot))
 
 
 @gluon.jit
@@ -89,9 +117,11 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
              q_scale, s_do, p_scale, p_inv, ds_scale, ds_inv, k_scale, qk_const, next_blk, SQ_bh, SDO_bh, TS_col, N,
              s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
              op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, KV_BLOCK: gl.constexpr,
-             HEAD_DIM: gl.constexpr, HAS_A: gl.constexpr, MASK_A: gl.constexpr, MASK_B: gl.constexpr):
+             HEAD_DIM: gl.constexpr, PASS: gl.constexpr, HAS_A: gl.constexpr, MASK_A: gl.constexpr,
+             MASK_B: gl.constexpr):
     """dV, dK after q block `blk` (ring slot r). Slice a (rows 0-63 of the block) runs only if
-    HAS_A; MASK_* apply the causal mask (the slice holding the diagonal)."""
+    HAS_A; MASK_* apply the causal mask (the slice holding the diagonal); PASS: BOTH, DV_ONLY or
+    DK_ONLY (the other accumulator is returned unchanged)."""
     slot = r % STAGES
     # backward.py's products, in its order
     qk_scale = (q_scale * k_scale) * qk_const
@@ -105,52 +135,89 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
     zero_acc = gl.zeros([SLICE, HEAD_DIM], gl.int32, acc_layout)
 
     mbarrier.wait(bars.index(slot), (r // STAGES) & 1)
-    if HAS_A:
-        st_a = warpgroup_mma(k_smem, q_smem.index(2 * slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        dpt_a = warpgroup_mma(v_smem, do_smem.index(2 * slot).permute((1, 0)), zero_dp, use_acc=False,
+    if PASS == DV_ONLY:
+        # Both S slices first: slice b's runs on the tensor cores while slice a's P is made.
+        if HAS_A:
+            st_a = warpgroup_mma(k_smem, q_smem.index(2 * slot).permute((1, 0)), zero_s, use_acc=False,
+                                 is_async=True)
+        st_b = warpgroup_mma(k_smem, q_smem.index(2 * slot + 1).permute((1, 0)), zero_s, use_acc=False,
+                             is_async=True)
+        if HAS_A:
+            st_a = warpgroup_mma_wait(1, deps=[st_a])
+            p_a = _slice_probs(st_a, qk_scale, lse_smem.index(slot).slice(0, SLICE).load(col), offs_a, offs_kv,
+                               MASK_A)
+            p8_a = gl.convert_layout(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
+            dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
+                                   is_async=True)
+            st_b = warpgroup_mma_wait(1, deps=[st_b])
+        else:
+            st_b = warpgroup_mma_wait(0, deps=[st_b])
+        p_b = _slice_probs(st_b, qk_scale, lse_smem.index(slot).slice(SLICE, SLICE).load(col), offs_b, offs_kv,
+                           MASK_B)
+        p8_b = gl.convert_layout(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
+        if HAS_A:
+            dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), dv_int, is_async=True)
+        else:
+            dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), zero_acc, use_acc=False,
+                                   is_async=True)
+    else:
+        if HAS_A:
+            st_a = warpgroup_mma(k_smem, q_smem.index(2 * slot).permute((1, 0)), zero_s, use_acc=False,
+                                 is_async=True)
+            dpt_a = warpgroup_mma(v_smem, do_smem.index(2 * slot).permute((1, 0)), zero_dp, use_acc=False,
+                                  is_async=True)
+            st_a = warpgroup_mma_wait(1, deps=[st_a])
+            lse_a = lse_smem.index(slot).slice(0, SLICE).load(col)
+            p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A)
+            if PASS == BOTH:
+                p8_a = gl.convert_layout(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
+                dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
+                                       is_async=True)
+            dpt_a = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_a])
+            delta_a = delta_smem.index(slot).slice(0, SLICE).load(col)
+            ds_a = p_a * (gl.convert_layout(dpt_a, s_layout) - delta_a[None, :])
+            ds8_a = gl.convert_layout(_int8_bits(ds_a, ds_inv, -127, 127).to(gl.int8), op_layout)
+            dk_int = warpgroup_mma(ds8_a, qt_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
+                                   is_async=True)
+        st_b = warpgroup_mma(k_smem, q_smem.index(2 * slot + 1).permute((1, 0)), zero_s, use_acc=False,
+                             is_async=True)
+        dpt_b = warpgroup_mma(v_smem, do_smem.index(2 * slot + 1).permute((1, 0)), zero_dp, use_acc=False,
                               is_async=True)
-        st_a = warpgroup_mma_wait(1, deps=[st_a])
-        lse_a = lse_smem.index(slot).slice(0, SLICE).load(col)
-        p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A)
-        p8_a = gl.convert_layout(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
-        dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
-                               is_async=True)
-        dpt_a = warpgroup_mma_wait(1, deps=[dpt_a])
-        delta_a = delta_smem.index(slot).slice(0, SLICE).load(col)
-        ds_a = p_a * (gl.convert_layout(dpt_a, s_layout) - delta_a[None, :])
-        ds8_a = gl.convert_layout(_int8_bits(ds_a, ds_inv, -127, 127).to(gl.int8), op_layout)
-        dk_int = warpgroup_mma(ds8_a, qt_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
-                               is_async=True)
-    st_b = warpgroup_mma(k_smem, q_smem.index(2 * slot + 1).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    dpt_b = warpgroup_mma(v_smem, do_smem.index(2 * slot + 1).permute((1, 0)), zero_dp, use_acc=False,
-                          is_async=True)
-    st_b = warpgroup_mma_wait(1, deps=[st_b])
-    lse_b = lse_smem.index(slot).slice(SLICE, SLICE).load(col)
-    p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B)
-    p8_b = gl.convert_layout(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
-    if HAS_A:
-        dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), dv_int, is_async=True)
-    else:
-        dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), zero_acc, use_acc=False,
-                               is_async=True)
-    dpt_b = warpgroup_mma_wait(1, deps=[dpt_b])
-    delta_b = delta_smem.index(slot).slice(SLICE, SLICE).load(col)
-    ds_b = p_b * (gl.convert_layout(dpt_b, s_layout) - delta_b[None, :])
-    ds8_b = gl.convert_layout(_int8_bits(ds_b, ds_inv, -127, 127).to(gl.int8), op_layout)
-    if HAS_A:
-        dk_int = warpgroup_mma(ds8_b, qt_smem.index(2 * slot + 1).permute((1, 0)), dk_int, is_async=True)
-    else:
-        dk_int = warpgroup_mma(ds8_b, qt_smem.index(2 * slot + 1).permute((1, 0)), zero_acc, use_acc=False,
-                               is_async=True)
+        st_b = warpgroup_mma_wait(1, deps=[st_b])
+        lse_b = lse_smem.index(slot).slice(SLICE, SLICE).load(col)
+        p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B)
+        if PASS == BOTH:
+            p8_b = gl.convert_layout(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
+            if HAS_A:
+                dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), dv_int, is_async=True)
+            else:
+                dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), zero_acc,
+                                       use_acc=False, is_async=True)
+        dpt_b = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_b])
+        delta_b = delta_smem.index(slot).slice(SLICE, SLICE).load(col)
+        ds_b = p_b * (gl.convert_layout(dpt_b, s_layout) - delta_b[None, :])
+        ds8_b = gl.convert_layout(_int8_bits(ds_b, ds_inv, -127, 127).to(gl.int8), op_layout)
+        if HAS_A:
+            dk_int = warpgroup_mma(ds8_b, qt_smem.index(2 * slot + 1).permute((1, 0)), dk_int, is_async=True)
+        else:
+            dk_int = warpgroup_mma(ds8_b, qt_smem.index(2 * slot + 1).permute((1, 0)), zero_acc, use_acc=False,
+                                   is_async=True)
     nxt = _load_scales(next_blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK)
-    dv_int = warpgroup_mma_wait(1, deps=[dv_int])
-    dv += dv_int.to(gl.float32) * dv_scale
-    dk_int = warpgroup_mma_wait(0, deps=[dk_int])
-    dk += dk_int.to(gl.float32) * dk_scale
+    if PASS == BOTH:
+        dv_int = warpgroup_mma_wait(1, deps=[dv_int])
+        dv += dv_int.to(gl.float32) * dv_scale
+        dk_int = warpgroup_mma_wait(0, deps=[dk_int])
+        dk += dk_int.to(gl.float32) * dk_scale
+    elif PASS == DV_ONLY:
+        dv_int = warpgroup_mma_wait(0, deps=[dv_int])
+        dv += dv_int.to(gl.float32) * dv_scale
+    else:
+        dk_int = warpgroup_mma_wait(0, deps=[dk_int])
+        dk += dk_int.to(gl.float32) * dk_scale
     if r + STAGES < n_blocks:   # this slot is free again: fetch the block STAGES ahead
         _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
                     lse_smem, delta_smem, bars, r + STAGES,
-                    blk + STAGES, q_row0, t_row0, STAGES, SLICE)
+                    blk + STAGES, q_row0, t_row0, STAGES, SLICE, PASS)
     return dv, dk, nxt
 
 
@@ -158,7 +225,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
 def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                  SQ, SK, SDO, TILE_SCALES, DK, DV, sm_scale, N,
                  HEAD_DIM: gl.constexpr, Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, SLICE: gl.constexpr,
-                 CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr):
     gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
     gl.static_assert(KV_BLOCK == SLICE, "one kv tile per program, as tall as a slice")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -173,13 +240,25 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     bh = gl.program_id(1)
     start_n = pid_n * KV_BLOCK
     k_smem = gl.allocate_shared_memory(gl.int8, [KV_BLOCK, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [KV_BLOCK, HEAD_DIM], v_desc.layout)
     q_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, SLICE, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [2 * STAGES, SLICE, HEAD_DIM], do_desc.layout)
-    qt_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], qt_desc.layout)
-    dot_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], dot_desc.layout)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * SLICE], lse_desc.layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * SLICE], delta_desc.layout)
+    # What a pass does not read gets a placeholder of a few bytes (the code using it is not built).
+    unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    unused3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    if PASS != DV_ONLY:
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [KV_BLOCK, HEAD_DIM], v_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [2 * STAGES, SLICE, HEAD_DIM], do_desc.layout)
+        qt_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], qt_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * SLICE], delta_desc.layout)
+    else:
+        v_smem = gl.allocate_shared_memory(gl.int8, [1, 16], unused)
+        do_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
+        qt_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [1, 4], unused)
+    if PASS != DK_ONLY:
+        dot_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], dot_desc.layout)
+    else:
+        dot_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES + 1):
         mbarrier.init(bars.index(i), count=1)
@@ -187,9 +266,12 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     q_row0 = bh * N
     t_row0 = bh * HEAD_DIM
     kv_bar = bars.index(STAGES)
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    if PASS != DV_ONLY:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [q_row0 + start_n, 0], kv_bar, v_smem)
+    else:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [q_row0 + start_n, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [q_row0 + start_n, 0], kv_bar, v_smem)
     # q blocks wholly above the diagonal see none of these keys: start at the block holding it.
     if CAUSAL:
         first = start_n // Q_BLOCK
@@ -200,7 +282,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
         if i < n_blocks:
             _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
                     lse_smem, delta_smem, bars, i, first + i,
-                        q_row0, t_row0, STAGES, SLICE)
+                        q_row0, t_row0, STAGES, SLICE, PASS)
 
     k_scale = gl.load(SK + bh * (N // KV_BLOCK) + pid_n)
     SQ_bh = SQ + bh * (N // Q_BLOCK)
@@ -223,14 +305,14 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                                   delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                                   n_blocks, q_row0, t_row0, offs_kv, *sc, k_scale, qk_const,
                                   gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
-                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS,
                                   True, True, False)
         else:
             dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                                   delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                                   n_blocks, q_row0, t_row0, offs_kv, *sc, k_scale, qk_const,
                                   gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
-                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS,
                                   False, False, True)
         loop_start = 1
     for r in range(loop_start, n_blocks):
@@ -238,7 +320,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                               delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
                               q_row0, t_row0, offs_kv, *sc, k_scale, qk_const, gl.minimum(first + r + 1, last),
                               SQ_bh, SDO_bh, TS_col, N,
-                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS,
                               True, False, False)
     for i in gl.static_range(STAGES + 1):
         mbarrier.invalidate(bars.index(i))
@@ -246,13 +328,15 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     offs_r = start_n + gl.arange(0, KV_BLOCK, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     out = bh.to(gl.int64) * N * HEAD_DIM + offs_r[:, None] * HEAD_DIM + offs_d[None, :]
-    gl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty))
-    gl.store(DV + out, dv.to(DV.dtype.element_ty))
+    if PASS != DV_ONLY:
+        gl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty))
+    if PASS != DK_ONLY:
+        gl.store(DV + out, dv.to(DV.dtype.element_ty))
 
 
 def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> bool:
     """Whether this kernel covers a dK/dV call (else backward.py runs it)."""
-    return head_dim == 64 and block_q == 2 * SLICE and block_kv == ROWS and not smooth_q
+    return head_dim in (64, 128) and block_q == 2 * SLICE and block_kv == ROWS and not smooth_q
 
 
 def _desc(t2d, block):
@@ -269,9 +353,10 @@ def _tma_ready(t):
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def launch_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
-                block_q: int):
-    """(grid, args, kwargs) of one launch; v and do may have any strides and alignment."""
+def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
+             block_q: int) -> list:
+    """[(name, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at d=128.
+    v and do may have any strides and alignment."""
     b, h, n, d = q8.shape
     rows = b * h * n
     args = (_desc(k8.reshape(rows, d), [ROWS, d]), _desc(_tma_ready(v).reshape(rows, d), [ROWS, d]),
@@ -281,4 +366,8 @@ def launch_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scal
             s_q, s_k, s_do, tile_scales, dk, dv, 1.0 / d ** 0.5, n)
     kwargs = dict(HEAD_DIM=d, Q_BLOCK=block_q, KV_BLOCK=ROWS, SLICE=SLICE, CAUSAL=causal, STAGES=STAGES,
                   num_warps=4)
-    return (n // ROWS, b * h), args, kwargs
+    grid = (n // ROWS, b * h)
+    if d <= 64:
+        return [("dkdv", grid, args, {**kwargs, "PASS": BOTH.value})]
+    return [("dv", grid, args, {**kwargs, "PASS": DV_ONLY.value}),
+            ("dk", grid, args, {**kwargs, "PASS": DK_ONLY.value, "STAGES": dk128_stages(n, causal)})]

@@ -70,7 +70,7 @@ def elements_per_iteration(kernel: str, constexprs: dict) -> int:
         return constexprs["BLOCK_M"] * constexprs["BLOCK_N"]
     if kernel == "dq":
         return constexprs["BLOCK_M"] * constexprs["BLOCK_N"]
-    if kernel == "dkdv" and "SLICE" in constexprs:   # the Gluon dK/dV: a trip is one whole q block
+    if kernel in ("dkdv", "dv", "dk") and "SLICE" in constexprs:   # the Gluon dK/dV: a trip is a q block
         return constexprs["KV_BLOCK"] * constexprs["Q_BLOCK"]
     if kernel in ("dkdv", "dv", "dk"):   # BLOCK_N kv rows; a trip is a q slice, or a q block when chained
         step = constexprs["Q_BLOCK"] if constexprs.get("CHAIN") else constexprs["BLOCK_M"]

@@ -439,6 +439,17 @@ def environment() -> dict:
             "date": datetime.date.today().isoformat()}
 
 
+def _shape(text: str) -> tuple:
+    """argparse type of B,H,N,D."""
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected four positive integers B,H,N,D, e.g. 8,8,4096,128")
+    return shape
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write all results here")
@@ -450,6 +461,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one shape, one mask (smoke test)")
     ap.add_argument("--diagnose", action="store_true", help="where kernel and simulation part (fp32)")
     ap.add_argument("--kernel-times", action="store_true", help="per-kernel times of one fwd+bwd (profiler)")
+    ap.add_argument("--kernel-shapes", nargs="+", type=_shape, metavar="B,H,N,D",
+                    help="with --kernel-times: these shapes instead of the two causal targets")
+    ap.add_argument("--kernel-masks", nargs="+", choices=["causal", "full"], default=["causal"],
+                    help="with --kernel-times: the masks to time (default causal)")
     ap.add_argument("--gluon", default=None, metavar="KERNELS",
                     help="comma list of kernels to run in their Gluon (Hopper) version (forward, dkdv), 'all' or "
                          "'none'; default: SAGEBWD_GLUON, else none")
@@ -482,7 +497,8 @@ def main(argv=None) -> int:
                               for dt in (torch.bfloat16, torch.float16)]
         result["check"] = check_correctness(args.quick)
     if args.kernel_times:
-        result["kernel_times"] = [kernel_times(shape) for shape in SHAPES[:2]]
+        result["kernel_times"] = [kernel_times(shape, mask == "causal") for shape in (args.kernel_shapes or SHAPES[:2])
+                                  for mask in args.kernel_masks]
     shapes = SHAPES[:1] if args.quick else SHAPES
     if not args.no_bench:
         result["bench"] = benchmark(shapes, args.quick)

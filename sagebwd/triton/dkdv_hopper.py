@@ -17,9 +17,11 @@ v15-v16) was not the overlap with the tensor cores (wgmma waits were never a lar
 the loads: the Triton kernel spills at 255 registers and reloads inside its loop, and both
 versions waited on global loads of LSE, delta and the block scales (long scoreboard 0.7 cycles
 per instruction). Here LSE and delta come by TMA with the q block and are read from shared
-memory after the S/dP waits (short live ranges: 246 registers, no spills), and the six scales
-of the next block are loaded near the end of the current one. (8,16,4096,64) causal: dK/dV
-1.55 -> 1.38 ms; (8,8,4096,128): 1.52 -> 1.42 ms causal, 2.68 -> 2.22 ms without a mask.
+memory after the S/dP waits (short live ranges, no spills), and the six scales of the next
+block are loaded near the end of the current one. Every slice has its own ring barrier, so the
+dK pass (one pipeline stage at d=128, to keep two programs per SM) refills slice a's buffers as
+soon as slice a is done, while slice b still runs. (8,16,4096,64) causal: dK/dV
+1.55 -> 1.39 ms; (8,8,4096,128): 1.52 -> 1.40 ms causal, 2.68 -> 2.15 ms without a mask.
 
 Limits (else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no Q-smoothing.
 """
@@ -43,42 +45,33 @@ ROWS = 64       # kv rows per program = block_kv
 SLICE = 64      # q rows per slice; a q block (128) is two
 STAGES = 2      # q blocks in flight
 # d=128's dK pass loads Q^, dO, Q^T per block (80 KB per stage): one stage keeps two programs per
-# SM, two stages leave one. H200 (docs/kernel-notes.md, v17): one stage is 18-19% faster than
-# backward.py's dV + dK without a mask at seq 2048-16384 and 7-9% causal up to 4096; causal
-# from 8192 on, two stages are (5-7%; one stage was 0-3% slower than backward.py there).
-STAGES_DK128 = None   # set only by experiments; None: the rule above
-
-
-def dk128_stages(n: int, causal: bool) -> int:
-    if STAGES_DK128 is not None:
-        return STAGES_DK128
-    return 2 if causal and n >= 8192 else 1
+# SM, two would leave one. With each slice refilled as soon as it is done (v18), one stage is the
+# faster at every length measured, causal or not (docs/kernel-notes.md, v17-v18).
+STAGES_DK128 = 1
 
 
 @gluon.jit
-def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
-                lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, STAGES: gl.constexpr, SLICE: gl.constexpr,
+def _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
+                lse_smem, delta_smem, bars, r, blk, h, q_row0, t_row0, STAGES: gl.constexpr, SLICE: gl.constexpr,
                 PASS: gl.constexpr):
-    """TMA of q block `blk` into ring slot r % STAGES: both slices of Q^ and LSE, and what the pass
-    needs of dO^T (dV) and dO, Q^T, delta (dK)."""
-    slot = r % STAGES
-    bar = bars.index(slot)
-    dv_bytes: gl.constexpr = 2 * dot_desc.block_type.nbytes if PASS != DK_ONLY else 0
-    dk_bytes: gl.constexpr = (2 * (do_desc.block_type.nbytes + qt_desc.block_type.nbytes)
+    """TMA of slice h of q block `blk` into ring slot r % STAGES, on its own barrier: Q^ and LSE, and
+    what the pass needs of dO^T (dV) and dO, Q^T, delta (dK). A slice's buffers are refilled as
+    soon as its own last wgmma is done (the other slice of the block may still be running)."""
+    i = 2 * (r % STAGES) + h
+    bar = bars.index(i)
+    dv_bytes: gl.constexpr = dot_desc.block_type.nbytes if PASS != DK_ONLY else 0
+    dk_bytes: gl.constexpr = (do_desc.block_type.nbytes + qt_desc.block_type.nbytes
                               + delta_desc.block_type.nbytes) if PASS != DV_ONLY else 0
-    mbarrier.expect(bar, 2 * q_desc.block_type.nbytes + lse_desc.block_type.nbytes + dv_bytes + dk_bytes)
-    for h in gl.static_range(2):
-        row = blk * 2 * SLICE + h * SLICE
-        tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(2 * slot + h))
-        if PASS != DV_ONLY:
-            tma.async_copy_global_to_shared(do_desc, [q_row0 + row, 0], bar, do_smem.index(2 * slot + h))
-            tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(2 * slot + h))
-        if PASS != DK_ONLY:
-            tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(2 * slot + h))
-    # LSE and delta of the whole block in one copy each (every copy costs the block a barrier)
-    tma.async_copy_global_to_shared(lse_desc, [q_row0 + blk * 2 * SLICE], bar, lse_smem.index(slot))
+    mbarrier.expect(bar, q_desc.block_type.nbytes + lse_desc.block_type.nbytes + dv_bytes + dk_bytes)
+    row = blk * 2 * SLICE + h * SLICE
+    tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(i))
+    tma.async_copy_global_to_shared(lse_desc, [q_row0 + row], bar, lse_smem.index(i))
     if PASS != DV_ONLY:
-        tma.async_copy_global_to_shared(delta_desc, [q_row0 + blk * 2 * SLICE], bar, delta_smem.index(slot))
+        tma.async_copy_global_to_shared(do_desc, [q_row0 + row, 0], bar, do_smem.index(i))
+        tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(i))
+        tma.async_copy_global_to_shared(delta_desc, [q_row0 + row], bar, delta_smem.index(i))
+    if PASS != DK_ONLY:
+        tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(i))
 
 
 @gluon.jit
@@ -134,17 +127,21 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
     zero_dp = gl.zeros([SLICE, SLICE], gl.float32, dp_layout)
     zero_acc = gl.zeros([SLICE, HEAD_DIM], gl.int32, acc_layout)
 
-    mbarrier.wait(bars.index(slot), (r // STAGES) & 1)
+    phase = (r // STAGES) & 1
     if PASS == DV_ONLY:
         # Both S slices first: slice b's runs on the tensor cores while slice a's P is made.
         if HAS_A:
+            mbarrier.wait(bars.index(2 * slot), phase)
             st_a = warpgroup_mma(k_smem, q_smem.index(2 * slot).permute((1, 0)), zero_s, use_acc=False,
                                  is_async=True)
+        else:
+            mbarrier.wait(bars.index(2 * slot), phase)   # unused, but landed before its refill
+        mbarrier.wait(bars.index(2 * slot + 1), phase)
         st_b = warpgroup_mma(k_smem, q_smem.index(2 * slot + 1).permute((1, 0)), zero_s, use_acc=False,
                              is_async=True)
         if HAS_A:
             st_a = warpgroup_mma_wait(1, deps=[st_a])
-            p_a = _slice_probs(st_a, qk_scale, lse_smem.index(slot).slice(0, SLICE).load(col), offs_a, offs_kv,
+            p_a = _slice_probs(st_a, qk_scale, lse_smem.index(2 * slot).load(col), offs_a, offs_kv,
                                MASK_A)
             p8_a = gl.convert_layout(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
             dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
@@ -152,7 +149,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
             st_b = warpgroup_mma_wait(1, deps=[st_b])
         else:
             st_b = warpgroup_mma_wait(0, deps=[st_b])
-        p_b = _slice_probs(st_b, qk_scale, lse_smem.index(slot).slice(SLICE, SLICE).load(col), offs_b, offs_kv,
+        p_b = _slice_probs(st_b, qk_scale, lse_smem.index(2 * slot + 1).load(col), offs_b, offs_kv,
                            MASK_B)
         p8_b = gl.convert_layout(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
         if HAS_A:
@@ -161,30 +158,39 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
             dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), zero_acc, use_acc=False,
                                    is_async=True)
     else:
+        mbarrier.wait(bars.index(2 * slot), phase)
         if HAS_A:
             st_a = warpgroup_mma(k_smem, q_smem.index(2 * slot).permute((1, 0)), zero_s, use_acc=False,
                                  is_async=True)
             dpt_a = warpgroup_mma(v_smem, do_smem.index(2 * slot).permute((1, 0)), zero_dp, use_acc=False,
                                   is_async=True)
             st_a = warpgroup_mma_wait(1, deps=[st_a])
-            lse_a = lse_smem.index(slot).slice(0, SLICE).load(col)
+            lse_a = lse_smem.index(2 * slot).load(col)
             p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A)
             if PASS == BOTH:
                 p8_a = gl.convert_layout(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
                 dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
                                        is_async=True)
             dpt_a = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_a])
-            delta_a = delta_smem.index(slot).slice(0, SLICE).load(col)
+            delta_a = delta_smem.index(2 * slot).load(col)
             ds_a = p_a * (gl.convert_layout(dpt_a, s_layout) - delta_a[None, :])
             ds8_a = gl.convert_layout(_int8_bits(ds_a, ds_inv, -127, 127).to(gl.int8), op_layout)
             dk_int = warpgroup_mma(ds8_a, qt_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
                                    is_async=True)
+        mbarrier.wait(bars.index(2 * slot + 1), phase)
         st_b = warpgroup_mma(k_smem, q_smem.index(2 * slot + 1).permute((1, 0)), zero_s, use_acc=False,
                              is_async=True)
         dpt_b = warpgroup_mma(v_smem, do_smem.index(2 * slot + 1).permute((1, 0)), zero_dp, use_acc=False,
                               is_async=True)
         st_b = warpgroup_mma_wait(1, deps=[st_b])
-        lse_b = lse_smem.index(slot).slice(SLICE, SLICE).load(col)
+        # dK pass: slice a's wgmmas are all done (issued before S_b): refill its buffers now, so
+        # with one pipeline stage the next block's first half loads during this one's second half
+        # (at d=64 the early refill measured no better and costs registers: both refill at the end)
+        if PASS == DK_ONLY and r + STAGES < n_blocks:
+            _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
+                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, STAGES,
+                        SLICE, PASS)
+        lse_b = lse_smem.index(2 * slot + 1).load(col)
         p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B)
         if PASS == BOTH:
             p8_b = gl.convert_layout(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
@@ -194,7 +200,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
                 dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), zero_acc,
                                        use_acc=False, is_async=True)
         dpt_b = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_b])
-        delta_b = delta_smem.index(slot).slice(SLICE, SLICE).load(col)
+        delta_b = delta_smem.index(2 * slot + 1).load(col)
         ds_b = p_b * (gl.convert_layout(dpt_b, s_layout) - delta_b[None, :])
         ds8_b = gl.convert_layout(_int8_bits(ds_b, ds_inv, -127, 127).to(gl.int8), op_layout)
         if HAS_A:
@@ -214,10 +220,13 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
     else:
         dk_int = warpgroup_mma_wait(0, deps=[dk_int])
         dk += dk_int.to(gl.float32) * dk_scale
-    if r + STAGES < n_blocks:   # this slot is free again: fetch the block STAGES ahead
-        _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
-                    lse_smem, delta_smem, bars, r + STAGES,
-                    blk + STAGES, q_row0, t_row0, STAGES, SLICE, PASS)
+    if r + STAGES < n_blocks:   # the slot's slice b (and a, except in the dK pass) is free again
+        if PASS != DK_ONLY:
+            _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
+                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, STAGES,
+                        SLICE, PASS)
+        _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
+                    lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 1, q_row0, t_row0, STAGES, SLICE, PASS)
     return dv, dk, nxt
 
 
@@ -241,7 +250,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     start_n = pid_n * KV_BLOCK
     k_smem = gl.allocate_shared_memory(gl.int8, [KV_BLOCK, HEAD_DIM], k_desc.layout)
     q_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, SLICE, HEAD_DIM], q_desc.layout)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * SLICE], lse_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, SLICE], lse_desc.layout)
     # What a pass does not read gets a placeholder of a few bytes (the code using it is not built).
     unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     unused3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
@@ -249,7 +258,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [KV_BLOCK, HEAD_DIM], v_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [2 * STAGES, SLICE, HEAD_DIM], do_desc.layout)
         qt_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], qt_desc.layout)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * SLICE], delta_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, SLICE], delta_desc.layout)
     else:
         v_smem = gl.allocate_shared_memory(gl.int8, [1, 16], unused)
         do_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
@@ -259,13 +268,13 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
         dot_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], dot_desc.layout)
     else:
         dot_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES + 1):
+    bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES + 1, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2 * STAGES + 1):
         mbarrier.init(bars.index(i), count=1)
 
     q_row0 = bh * N
     t_row0 = bh * HEAD_DIM
-    kv_bar = bars.index(STAGES)
+    kv_bar = bars.index(2 * STAGES)
     if PASS != DV_ONLY:
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [q_row0 + start_n, 0], kv_bar, v_smem)
@@ -280,9 +289,10 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     n_blocks = N // Q_BLOCK - first
     for i in gl.static_range(STAGES):
         if i < n_blocks:
-            _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
-                    lse_smem, delta_smem, bars, i, first + i,
-                        q_row0, t_row0, STAGES, SLICE, PASS)
+            for h in gl.static_range(2):
+                _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
+                            dot_smem, lse_smem, delta_smem, bars, i, first + i, h, q_row0, t_row0, STAGES, SLICE,
+                            PASS)
 
     k_scale = gl.load(SK + bh * (N // KV_BLOCK) + pid_n)
     SQ_bh = SQ + bh * (N // Q_BLOCK)
@@ -322,7 +332,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                               SQ_bh, SDO_bh, TS_col, N,
                               s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS,
                               True, False, False)
-    for i in gl.static_range(STAGES + 1):
+    for i in gl.static_range(2 * STAGES + 1):
         mbarrier.invalidate(bars.index(i))
 
     offs_r = start_n + gl.arange(0, KV_BLOCK, layout=gl.SliceLayout(1, acc_layout))
@@ -362,7 +372,7 @@ def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales,
     args = (_desc(k8.reshape(rows, d), [ROWS, d]), _desc(_tma_ready(v).reshape(rows, d), [ROWS, d]),
             _desc(q8.reshape(rows, d), [SLICE, d]), _desc(_tma_ready(do).reshape(rows, d), [SLICE, d]),
             _desc(q8t.reshape(b * h * d, n), [d, SLICE]), _desc(do8t.reshape(b * h * d, n), [d, SLICE]),
-            _desc(lse2.reshape(rows), [2 * SLICE]), _desc(delta.reshape(rows), [2 * SLICE]),
+            _desc(lse2.reshape(rows), [SLICE]), _desc(delta.reshape(rows), [SLICE]),
             s_q, s_k, s_do, tile_scales, dk, dv, 1.0 / d ** 0.5, n)
     kwargs = dict(HEAD_DIM=d, Q_BLOCK=block_q, KV_BLOCK=ROWS, SLICE=SLICE, CAUSAL=causal, STAGES=STAGES,
                   num_warps=4)
@@ -370,4 +380,4 @@ def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales,
     if d <= 64:
         return [("dkdv", grid, args, {**kwargs, "PASS": BOTH.value})]
     return [("dv", grid, args, {**kwargs, "PASS": DV_ONLY.value}),
-            ("dk", grid, args, {**kwargs, "PASS": DK_ONLY.value, "STAGES": dk128_stages(n, causal)})]
+            ("dk", grid, args, {**kwargs, "PASS": DK_ONLY.value, "STAGES": STAGES_DK128})]

@@ -51,6 +51,35 @@ STAGES_DK128 = 1
 
 
 @gluon.jit
+def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
+                lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, STAGES: gl.constexpr, SLICE: gl.constexpr):
+    """The d=64 (PASS = BOTH) kernel's loads: all of q block `blk` on one barrier, LSE and delta as
+    one copy each (per-slice barriers measured 6% slower there: more registers and barriers)."""
+    slot = r % STAGES
+    bar = bars.index(2 * slot)
+    mbarrier.expect(bar, 2 * (q_desc.block_type.nbytes + do_desc.block_type.nbytes + qt_desc.block_type.nbytes
+                              + dot_desc.block_type.nbytes) + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+    for h in gl.static_range(2):
+        row = blk * 2 * SLICE + h * SLICE
+        tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(2 * slot + h))
+        tma.async_copy_global_to_shared(do_desc, [q_row0 + row, 0], bar, do_smem.index(2 * slot + h))
+        tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(2 * slot + h))
+        tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(2 * slot + h))
+    tma.async_copy_global_to_shared(lse_desc, [q_row0 + blk * 2 * SLICE], bar, lse_smem.index(slot))
+    tma.async_copy_global_to_shared(delta_desc, [q_row0 + blk * 2 * SLICE], bar, delta_smem.index(slot))
+
+
+@gluon.jit
+def _slice_vector(smem, slot, h, col: gl.constexpr, SLICE: gl.constexpr, PASS: gl.constexpr):
+    """LSE or delta of slice h: a block row of [STAGES, 2*SLICE] (BOTH) or a slice row of [2*STAGES, SLICE]."""
+    if PASS == BOTH:
+        vector = smem.index(slot).slice(h * SLICE, SLICE).load(col)
+    else:
+        vector = smem.index(2 * slot + h).load(col)
+    return vector
+
+
+@gluon.jit
 def _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
                 lse_smem, delta_smem, bars, r, blk, h, q_row0, t_row0, STAGES: gl.constexpr, SLICE: gl.constexpr,
                 PASS: gl.constexpr):
@@ -141,7 +170,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
                              is_async=True)
         if HAS_A:
             st_a = warpgroup_mma_wait(1, deps=[st_a])
-            p_a = _slice_probs(st_a, qk_scale, lse_smem.index(2 * slot).load(col), offs_a, offs_kv,
+            p_a = _slice_probs(st_a, qk_scale, _slice_vector(lse_smem, slot, 0, col, SLICE, PASS), offs_a, offs_kv,
                                MASK_A)
             p8_a = gl.convert_layout(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
             dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
@@ -149,7 +178,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
             st_b = warpgroup_mma_wait(1, deps=[st_b])
         else:
             st_b = warpgroup_mma_wait(0, deps=[st_b])
-        p_b = _slice_probs(st_b, qk_scale, lse_smem.index(2 * slot + 1).load(col), offs_b, offs_kv,
+        p_b = _slice_probs(st_b, qk_scale, _slice_vector(lse_smem, slot, 1, col, SLICE, PASS), offs_b, offs_kv,
                            MASK_B)
         p8_b = gl.convert_layout(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
         if HAS_A:
@@ -165,19 +194,20 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
             dpt_a = warpgroup_mma(v_smem, do_smem.index(2 * slot).permute((1, 0)), zero_dp, use_acc=False,
                                   is_async=True)
             st_a = warpgroup_mma_wait(1, deps=[st_a])
-            lse_a = lse_smem.index(2 * slot).load(col)
+            lse_a = _slice_vector(lse_smem, slot, 0, col, SLICE, PASS)
             p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A)
             if PASS == BOTH:
                 p8_a = gl.convert_layout(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
                 dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
                                        is_async=True)
             dpt_a = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_a])
-            delta_a = delta_smem.index(2 * slot).load(col)
+            delta_a = _slice_vector(delta_smem, slot, 0, col, SLICE, PASS)
             ds_a = p_a * (gl.convert_layout(dpt_a, s_layout) - delta_a[None, :])
             ds8_a = gl.convert_layout(_int8_bits(ds_a, ds_inv, -127, 127).to(gl.int8), op_layout)
             dk_int = warpgroup_mma(ds8_a, qt_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
                                    is_async=True)
-        mbarrier.wait(bars.index(2 * slot + 1), phase)
+        if PASS != BOTH:
+            mbarrier.wait(bars.index(2 * slot + 1), phase)
         st_b = warpgroup_mma(k_smem, q_smem.index(2 * slot + 1).permute((1, 0)), zero_s, use_acc=False,
                              is_async=True)
         dpt_b = warpgroup_mma(v_smem, do_smem.index(2 * slot + 1).permute((1, 0)), zero_dp, use_acc=False,
@@ -190,7 +220,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
             _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
                         dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, STAGES,
                         SLICE, PASS)
-        lse_b = lse_smem.index(2 * slot + 1).load(col)
+        lse_b = _slice_vector(lse_smem, slot, 1, col, SLICE, PASS)
         p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B)
         if PASS == BOTH:
             p8_b = gl.convert_layout(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
@@ -200,7 +230,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
                 dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), zero_acc,
                                        use_acc=False, is_async=True)
         dpt_b = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_b])
-        delta_b = delta_smem.index(2 * slot + 1).load(col)
+        delta_b = _slice_vector(delta_smem, slot, 1, col, SLICE, PASS)
         ds_b = p_b * (gl.convert_layout(dpt_b, s_layout) - delta_b[None, :])
         ds8_b = gl.convert_layout(_int8_bits(ds_b, ds_inv, -127, 127).to(gl.int8), op_layout)
         if HAS_A:
@@ -220,13 +250,19 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
     else:
         dk_int = warpgroup_mma_wait(0, deps=[dk_int])
         dk += dk_int.to(gl.float32) * dk_scale
-    if r + STAGES < n_blocks:   # the slot's slice b (and a, except in the dK pass) is free again
-        if PASS != DK_ONLY:
+    if r + STAGES < n_blocks:   # the slot is free again (in the dK pass, slice a was refilled already)
+        if PASS == BOTH:
+            _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
+                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, q_row0, t_row0, STAGES,
+                        SLICE)
+        else:
+            if PASS == DV_ONLY:
+                _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
+                            dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0,
+                            STAGES, SLICE, PASS)
             _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, STAGES,
+                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 1, q_row0, t_row0, STAGES,
                         SLICE, PASS)
-        _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
-                    lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 1, q_row0, t_row0, STAGES, SLICE, PASS)
     return dv, dk, nxt
 
 
@@ -250,7 +286,8 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     start_n = pid_n * KV_BLOCK
     k_smem = gl.allocate_shared_memory(gl.int8, [KV_BLOCK, HEAD_DIM], k_desc.layout)
     q_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, SLICE, HEAD_DIM], q_desc.layout)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, SLICE], lse_desc.layout)
+    VEC_ROWS: gl.constexpr = STAGES if PASS == BOTH else 2 * STAGES   # LSE/delta per block or per slice
+    lse_smem = gl.allocate_shared_memory(gl.float32, [VEC_ROWS, lse_desc.block_type.shape[0]], lse_desc.layout)
     # What a pass does not read gets a placeholder of a few bytes (the code using it is not built).
     unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     unused3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
@@ -258,7 +295,8 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [KV_BLOCK, HEAD_DIM], v_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [2 * STAGES, SLICE, HEAD_DIM], do_desc.layout)
         qt_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], qt_desc.layout)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, SLICE], delta_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [VEC_ROWS, delta_desc.block_type.shape[0]],
+                                               delta_desc.layout)
     else:
         v_smem = gl.allocate_shared_memory(gl.int8, [1, 16], unused)
         do_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
@@ -289,10 +327,14 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     n_blocks = N // Q_BLOCK - first
     for i in gl.static_range(STAGES):
         if i < n_blocks:
-            for h in gl.static_range(2):
-                _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                            dot_smem, lse_smem, delta_smem, bars, i, first + i, h, q_row0, t_row0, STAGES, SLICE,
-                            PASS)
+            if PASS == BOTH:
+                _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
+                            dot_smem, lse_smem, delta_smem, bars, i, first + i, q_row0, t_row0, STAGES, SLICE)
+            else:
+                for h in gl.static_range(2):
+                    _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
+                                dot_smem, lse_smem, delta_smem, bars, i, first + i, h, q_row0, t_row0, STAGES,
+                                SLICE, PASS)
 
     k_scale = gl.load(SK + bh * (N // KV_BLOCK) + pid_n)
     SQ_bh = SQ + bh * (N // Q_BLOCK)
@@ -369,10 +411,11 @@ def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales,
     v and do may have any strides and alignment."""
     b, h, n, d = q8.shape
     rows = b * h * n
+    vec = 2 * SLICE if d <= 64 else SLICE   # LSE/delta TMA box: the block (one launch) or a slice
     args = (_desc(k8.reshape(rows, d), [ROWS, d]), _desc(_tma_ready(v).reshape(rows, d), [ROWS, d]),
             _desc(q8.reshape(rows, d), [SLICE, d]), _desc(_tma_ready(do).reshape(rows, d), [SLICE, d]),
             _desc(q8t.reshape(b * h * d, n), [d, SLICE]), _desc(do8t.reshape(b * h * d, n), [d, SLICE]),
-            _desc(lse2.reshape(rows), [SLICE]), _desc(delta.reshape(rows), [SLICE]),
+            _desc(lse2.reshape(rows), [vec]), _desc(delta.reshape(rows), [vec]),
             s_q, s_k, s_do, tile_scales, dk, dv, 1.0 / d ** 0.5, n)
     kwargs = dict(HEAD_DIM=d, Q_BLOCK=block_q, KV_BLOCK=ROWS, SLICE=SLICE, CAUSAL=causal, STAGES=STAGES,
                   num_warps=4)

@@ -159,12 +159,10 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
     phase = (r // STAGES) & 1
     if PASS == DV_ONLY:
         # Both S slices first: slice b's runs on the tensor cores while slice a's P is made.
+        mbarrier.wait(bars.index(2 * slot), phase)   # also when slice a is unused: it must land before its refill
         if HAS_A:
-            mbarrier.wait(bars.index(2 * slot), phase)
             st_a = warpgroup_mma(k_smem, q_smem.index(2 * slot).permute((1, 0)), zero_s, use_acc=False,
                                  is_async=True)
-        else:
-            mbarrier.wait(bars.index(2 * slot), phase)   # unused, but landed before its refill
         mbarrier.wait(bars.index(2 * slot + 1), phase)
         st_b = warpgroup_mma(k_smem, q_smem.index(2 * slot + 1).permute((1, 0)), zero_s, use_acc=False,
                              is_async=True)

@@ -67,3 +67,17 @@ def test_gluon_selection_is_validated_and_never_leaves_sm90(monkeypatch):
         assert _common.gluon_kernels(torch.device("cpu")) == frozenset({"dkdv"})
     finally:
         _common.RECORDED = None
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--gluon", "dkdv,fwd"], "--gluon='dkdv,fwd': unknown kernel(s) ['fwd']"),
+    (["--kernel-times", "--kernel-shapes", "8,8,4096"], "'8,8,4096': expected four positive integers B,H,N,D"),
+    (["--kernel-times", "--kernel-masks", "sliding"], "invalid choice: 'sliding'"),
+])
+def test_bench_rejects_bad_flags_before_looking_for_a_gpu(argv, message, capsys):
+    """The benchmark's new flags fail on any machine, with what was wrong, before it asks for CUDA."""
+    from sagebwd import bench
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -79,8 +79,8 @@ def launch_settings(name: str, default: dict) -> dict:
 
 
 # Kernels with a Gluon (Hopper) version, and those that run by default: the dK/dV kernel is
-# bit-identical to the Triton one and 5-19% faster on an H200 at d=64 and d=128; the forward is
-# not faster overall (docs/kernel-notes.md, v14-v17).
+# bit-identical to the Triton one and 8-24% faster on an H200 at d=64 and d=128; the forward is
+# not faster overall (docs/kernel-notes.md, v14-v18).
 GLUON_KERNELS = ("forward", "dkdv")
 GLUON_DEFAULT = ("dkdv",)
 

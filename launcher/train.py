@@ -22,7 +22,7 @@ from launcher import checkpoint
 from launcher.config import RunConfig, load_run_config
 from launcher.cpu_memory import reuse_freed_memory
 from launcher.data import Batch, build_batches
-from launcher.distributed import (broadcast_object, init_process_group, rank,
+from launcher.distributed import (broadcast_object, init_process_group, rank, shutdown_process_group,
                                   sequence_parallel_group, world_size)
 from launcher.engine import build_engine
 from launcher.layout import Layout, resolve_layout
@@ -359,4 +359,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Only when the process ends: in-process callers of main() keep their group (DeepSpeed and
+    # the SP-group cache hold it for the next run in the same process).
+    shutdown_process_group()
+    sys.exit(code)

@@ -466,8 +466,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel-masks", nargs="+", choices=["causal", "full"], default=["causal"],
                     help="with --kernel-times: the masks to time (default causal)")
     ap.add_argument("--gluon", default=None, metavar="KERNELS",
-                    help="kernels to run in their Gluon (Hopper) version: a comma list of forward, dkdv, or "
-                         "all / none / default (the dK/dV); without it, SAGEBWD_GLUON, else default")
+                    help="kernels to run in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, or "
+                         "all / none / default (dK/dV and dQ); without it, SAGEBWD_GLUON, else default")
     ap.add_argument("--once", action="store_true",
                     help="run one causal fwd+bwd at each target shape and exit (for ncu and other profilers)")
     args = ap.parse_args(argv)

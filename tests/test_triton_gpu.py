@@ -71,12 +71,14 @@ def _forward_backward(shape, causal, gluon, layout="contiguous"):
 def test_gluon_kernels_match_the_triton_kernels(shape, causal):
     """SAGEBWD_GLUON's kernels against the Triton ones on the same inputs. dK/dV does the same
     arithmetic in the same order (exact INT8 sums, chained in int32): bit-identical. The forward
-    applies each tile's O update one iteration later: within an output rounding of it.
+    applies each tile's O update one iteration later: within an output rounding of it. dQ
+    likewise (and the tile scales it writes for dK/dV): bit-identical.
     (384 rows: causal kv tiles that start in the middle of a q block.)"""
     ref = _forward_backward(shape, causal, ())
-    dkdv = _forward_backward(shape, causal, ("dkdv",))
-    for name, a, b in zip(("o", "dq", "dk", "dv"), dkdv, ref):
-        assert torch.equal(a, b), f"{name}: the Gluon dK/dV changed {int((a != b).sum())} elements"
+    for kernels in (("dkdv",), ("dq",), ("dkdv", "dq")):
+        got = _forward_backward(shape, causal, kernels)
+        for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
+            assert torch.equal(a, b), f"{name}: the Gluon {kernels} changed {int((a != b).sum())} elements"
     both = _forward_backward(shape, causal, ("forward", "dkdv"))
     assert all(bool(torch.isfinite(t).all()) for t in both)
     assert all(torch.equal(a, b) for a, b in zip(both, _forward_backward(shape, causal, ("forward", "dkdv"))))
@@ -87,21 +89,22 @@ def test_gluon_kernels_match_the_triton_kernels(shape, causal):
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
 @pytest.mark.parametrize("layout", ["misaligned", "ulysses"])
-def test_gluon_dkdv_takes_any_layout_of_v_and_do(layout):
+def test_gluon_backward_takes_any_layout_of_v_and_do(layout):
     ref = _forward_backward((2, 3, 384, 64), True, ())
-    got = _forward_backward((2, 3, 384, 64), True, ("dkdv",), layout)
+    got = _forward_backward((2, 3, 384, 64), True, ("dkdv", "dq"), layout)
     for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
         assert torch.equal(a, b), f"{name} differs with {layout} v/dO"
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gluon_kernels_match_simulation(causal):
+def test_gluon_kernels_match_simulation(causal, head_dim):
     from sagebwd.bench import check_case
     from sagebwd.triton import _common
-    _common.LAUNCH_OVERRIDES["gluon"] = ("forward", "dkdv")
+    _common.LAUNCH_OVERRIDES["gluon"] = _common.GLUON_KERNELS
     try:
-        r = check_case((1, 4, 2048, 64), torch.bfloat16, causal, False, reruns=5)
+        r = check_case((1, 4, 2048, head_dim), torch.bfloat16, causal, False, reruns=5)
     finally:
         _common.LAUNCH_OVERRIDES.pop("gluon")
     assert r["all_written"] and r["identical_over_5_reruns"]

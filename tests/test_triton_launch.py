@@ -54,17 +54,17 @@ def test_gluon_selection_is_validated_and_never_leaves_sm90(monkeypatch):
     assert _common.parse_gluon("all", "x") == _common.GLUON_KERNELS
     assert _common.parse_gluon(" Forward , dkdv ", "x") == ("forward", "dkdv")
     assert _common.parse_gluon("none", "x") == ()
-    assert _common.parse_gluon("default", "x") == _common.GLUON_DEFAULT == ("dkdv",)
+    assert _common.parse_gluon("default", "x") == _common.GLUON_DEFAULT == ("dkdv", "dq")
     monkeypatch.setenv("SAGEBWD_GLUON", "forward,dkvd")
     with pytest.raises(ValueError, match=r"SAGEBWD_GLUON='forward,dkvd': unknown kernel\(s\) \['dkvd'\]; "
-                                         r"use a comma list of forward, dkdv, or 'all' / 'none' / 'default'"):
+                                         r"use a comma list of forward, dkdv, dq, or 'all' / 'none' / 'default'"):
         _common.gluon_kernels(torch.device("cpu"))
     monkeypatch.setenv("SAGEBWD_GLUON", "all")
     assert _common.gluon_kernels(torch.device("cpu")) == frozenset()
     monkeypatch.delenv("SAGEBWD_GLUON")
     _common.RECORDED = []   # what the offline compiler builds: the defaults
     try:
-        assert _common.gluon_kernels(torch.device("cpu")) == frozenset({"dkdv"})
+        assert _common.gluon_kernels(torch.device("cpu")) == frozenset({"dkdv", "dq"})
     finally:
         _common.RECORDED = None
 

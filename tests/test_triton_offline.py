@@ -34,21 +34,21 @@ def test_kernels_compile_to_int8_wgmma_and_fit_hopper(head_dim, blocks):
 
 
 def test_gluon_kernels_compile_with_the_tensor_cores_left_running():
-    """The Gluon (Hopper) forward and dK/dV (SAGEBWD_GLUON; at d=128 the dV and dK passes) build for
+    """The Gluon (Hopper) forward, dK/dV (at d=128 the dV and dK passes) and dQ (d=128) build for
     sm_90 with this Triton: INT8 dots on wgmma, at least one wait that leaves a wgmma group in flight (the point of writing
     them: the Triton kernels wait for every dot at once), no more than the registers and shared
     memory an H100/H200 gives a block."""
-    rows = offline.report((64, 128), arch=90, seq=1024, gluon=("forward", "dkdv"))
+    rows = offline.report((64, 128), arch=90, seq=1024, gluon=("forward", "dkdv", "dq"))
     gluon = [r for r in rows if "STAGES" in r["constexprs"]]
-    assert sorted((r["head_dim"], r["kernel"]) for r in gluon) == [(64, "dkdv"), (64, "forward"), (128, "dk"),
-                                                                  (128, "dv"), (128, "forward")]
+    assert sorted((r["head_dim"], r["kernel"]) for r in gluon) == [
+        (64, "dkdv"), (64, "forward"), (128, "dk"), (128, "dq"), (128, "dv"), (128, "forward")]
     for r in gluon:
         print(r["head_dim"], r["kernel"], {k: r[k] for k in ("regs", "spill_bytes", "shared", "wgmma_s8",
                                                             "wgmma_16bit", "wgmma_overlapped_waits")})
         assert r["wgmma_s8"] > 0 and r["mma_sync"] == 0
         assert r["wgmma_overlapped_waits"] > 0, f"{r['kernel']}: every wgmma is waited for at once"
         assert r["regs"] <= 255 and r["shared"] <= HOPPER_SHARED_BYTES
-    for name in ("dkdv", "dk"):   # dP stays 16-bit
+    for name in ("dkdv", "dk", "dq"):   # dP stays 16-bit
         assert next(r for r in gluon if r["kernel"] == name)["wgmma_16bit"] > 0
 
 
@@ -56,7 +56,7 @@ def test_gluon_kernels_compile_with_the_tensor_cores_left_running():
                                           (["--blocks", "128", "48"], "BLOCK_KV=48"),
                                           (["--arch", "80"], "Hopper"),
                                           (["--measured", "bench.json"], "goes with --loop-mix"),
-                                          (["--gluon", "forward,dq"], "unknown kernel(s) ['dq']"),
+                                          (["--gluon", "forward,dqq"], "unknown kernel(s) ['dqq']"),
                                           (["--loop-mix", "--measured", "/nonexistent/bench.json"],
                                            "/nonexistent/bench.json")])
 def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys):
@@ -66,7 +66,7 @@ def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys)
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("gluon", [(), ("forward", "dkdv")], ids=["triton", "gluon"])
+@pytest.mark.parametrize("gluon", [(), ("forward", "dkdv", "dq")], ids=["triton", "gluon"])
 def test_loop_mix_counts_one_exp_per_score_element(gluon):
     """The SASS loop mix of each main loop (the issue-floor model of docs/kernel-notes.md): the
     backward loops evaluate exp2 once per score element, the forward once plus its per-row

@@ -78,11 +78,12 @@ def launch_settings(name: str, default: dict) -> dict:
     return {k: v for k, v in merged.items() if k in LAUNCH_OPTIONS}
 
 
-# Kernels with a Gluon (Hopper) version, and those that run by default: the dK/dV kernel is
-# bit-identical to the Triton one and 8-24% faster on an H200 at d=64 and d=128; the forward is
-# not faster overall (docs/kernel-notes.md, v14-v18).
-GLUON_KERNELS = ("forward", "dkdv")
-GLUON_DEFAULT = ("dkdv",)
+# Kernels with a Gluon (Hopper) version, and those that run by default: dK/dV and dQ are
+# bit-identical to the Triton kernels and faster on an H200 (dK/dV 8-24% at d=64 and d=128, dQ
+# 8-14% at d=128; at d=64 the Triton dQ runs); the forward is not faster overall
+# (docs/kernel-notes.md, v14-v19).
+GLUON_KERNELS = ("forward", "dkdv", "dq")
+GLUON_DEFAULT = ("dkdv", "dq")
 
 
 def parse_gluon(text: str, source: str) -> tuple:

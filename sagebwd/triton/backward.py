@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ._common import (LAUNCH_OVERRIDES, LOG2E, block_scales, gluon_kernels, int_to_float, interpreting, launch,
                       launch_settings, round_scaled_to_int8)
-from . import dkdv_hopper
+from . import dkdv_hopper, dq_hopper
 from .forward import smooth_q_bias
 
 # What one dK/dV launch computes (the PASS constexpr).
@@ -376,11 +376,17 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
     sm_scale = 1.0 / math.sqrt(d)
     flags = dict(HEAD_DIM=d, CAUSAL=causal, SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, DOT_F32=interpreting())
     strides = (*v.stride(), *do.stride(), *kf.stride())
-    launch("dq", _dq_kernel, (n // block_q, b * h),
-        q8, s_q, k8, k8t, s_k, v, do, lse2, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
-        BLOCK_M=block_q, BLOCK_N=block_kv, **flags,
-        **launch_settings("dq", _dq_launch(block_q, block_kv, d)))
-    if "dkdv" in gluon_kernels(q8.device) and dkdv_hopper.supports(
+    gluon = gluon_kernels(q8.device)
+    if "dq" in gluon and dq_hopper.supports(head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
+        grid, args, kwargs = dq_hopper.launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales,
+                                                   causal=causal)
+        launch("dq", dq_hopper._dq_kernel, grid, *args, **{**kwargs, **launch_settings("dq", kwargs)})
+    else:
+        launch("dq", _dq_kernel, (n // block_q, b * h),
+            q8, s_q, k8, k8t, s_k, v, do, lse2, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
+            BLOCK_M=block_q, BLOCK_N=block_kv, **flags,
+            **launch_settings("dq", _dq_launch(block_q, block_kv, d)))
+    if "dkdv" in gluon and dkdv_hopper.supports(
             head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
         for name, grid, args, kwargs in dkdv_hopper.launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta,
                                                              tile_scales, dk, dv, causal=causal, block_q=block_q):

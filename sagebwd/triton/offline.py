@@ -209,7 +209,7 @@ def main(argv=None) -> int:
                     help="SASS instructions per score element of each main loop, and the floors they set")
     ap.add_argument("--measured", help="with --loop-mix: a sagebwd.bench --kernel-times JSON for efficiency")
     ap.add_argument("--gluon", default=None, metavar="KERNELS",
-                    help="kernels to build in their Gluon (Hopper) version: a comma list of forward, dkdv, or "
+                    help="kernels to build in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, or "
                          "all / none / default (the default: what a Hopper GPU runs)")
     args = ap.parse_args(argv)
     from ._common import parse_gluon

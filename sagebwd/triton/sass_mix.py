@@ -68,6 +68,8 @@ def elements_per_iteration(kernel: str, constexprs: dict) -> int:
     """Score elements one trip of the kernel's main loop covers (see each kernel's docstring)."""
     if kernel == "forward":
         return constexprs["BLOCK_M"] * constexprs["BLOCK_N"]
+    if kernel == "dq" and "Q_ROWS" in constexprs:   # the Gluon dQ: a trip is a pair of kv tiles
+        return constexprs["Q_ROWS"] * 2 * constexprs["KV_ROWS"]
     if kernel == "dq":
         return constexprs["BLOCK_M"] * constexprs["BLOCK_N"]
     if kernel in ("dkdv", "dv", "dk") and "SLICE" in constexprs:   # the Gluon dK/dV: a trip is a q block

@@ -1,0 +1,276 @@
+"""dQ kernel for Hopper in Gluon, the default on sm_90 at d=128: backward.py's _dq_kernel
+arithmetic in the same order (bit-identical dQ and tile scales), with its loads, waits and
+barriers placed by hand.
+
+One program per 128-row q block on two warpgroups (64 rows each), looping over 64-row kv
+tiles, as backward.py. A tile's P and dS maxima span both warpgroups, so every tile needs one
+exchange between them. The Triton kernel syncs its 8 warps 4 times per tile (two for the
+compiler's reduction, two for its cp.async pipeline; ncu at d=128: barrier stalls 1.1 cycles
+per issued instruction) and waits for each dot right after issuing it. Here:
+
+- K^, K^T and V come by TMA, two tiles per copy, into a ring of STAGES pairs on mbarriers;
+  Q^, dO, LSE and delta stay in place for the whole loop. (In a Gluon kernel that is not warp
+  specialised every mbarrier operation gets a CTA barrier, so fewer, larger copies matter.)
+- The maxima are exchanged with one barrier: each warp writes its pair of maxima, every thread
+  reads all of them. The two tiles of a pair use separate buffers, so no second barrier guards
+  their reuse.
+- Tile j-1's INT8 product dS^ K^ runs on the tensor cores together with tile j's S and dP and
+  is converted into dQ while they finish; dS^ is carried between tiles as int32 bits (an int8
+  tensor carried across a loop is unpacked to a byte per register).
+
+    pair u: wait its TMA | tile 2u:   issue dQ_{2u-1}, S, dP | convert dQ_{2u-1} | P, dS |
+                                      refill pair u-1's slot | exchange | scales, dS^
+            tile 2u+1: issue dQ_{2u}, S, dP | convert dQ_{2u} | P, dS | exchange | scales, dS^
+
+Measured on an H200 (docs/kernel-notes.md, v19): (8,8,4096,128) dQ 1.00 -> 0.92 ms causal,
+1.80 -> 1.55 ms without a mask; at d=64 it was 10-14% slower than the Triton kernel (191
+registers: one program of 8 warps per SM, where the Triton kernel fits two at 128 registers;
+capped at 128 here it spills), so there the Triton kernel runs.
+Limits (else backward.py runs): head_dim 128, block_q 128, block_kv 64, no Q-smoothing.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .dkdv_hopper import _desc, _int8_bits, _tma_ready
+
+Q_ROWS = 128    # q rows per program = block_q
+KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
+STAGES = 2      # tile pairs in flight
+
+# A CTA barrier (the name changed between Triton 3.6 and 3.7).
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
+@gluon.jit
+def _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, t_row0,
+               STAGES: gl.constexpr, KV_ROWS: gl.constexpr):
+    """TMA of kv tiles 2u and 2u+1 (K^, K^T, V) into ring slot u % STAGES: three copies on one
+    mbarrier per two tiles."""
+    slot = u % STAGES
+    bar = bars.index(slot)
+    mbarrier.expect(bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row0 + u * 2 * KV_ROWS, 0], bar, k_smem.index(slot))
+    tma.async_copy_global_to_shared(kt_desc, [t_row0, u * 2 * KV_ROWS], bar, kt_smem.index(slot))
+    tma.async_copy_global_to_shared(v_desc, [row0 + u * 2 * KV_ROWS, 0], bar, v_smem.index(slot))
+
+
+@gluon.jit
+def _block_scales(amax):
+    """_common.block_scales: (amax / 127, 127 / amax or 0), each one IEEE-rounded division."""
+    scale = gl.div_rn(amax, 127.0)
+    inv = gl.where(amax > 0, gl.div_rn(127.0, gl.maximum(amax, 1e-30)), 0.0)
+    return scale, inv
+
+
+@gluon.jit
+def _tile_maxima(p, ds, xbuf, all_layout: gl.constexpr):
+    """max(P), max|dS| over the 128-row tile: each warp reduces its rows, writes one pair to xbuf,
+    and after one CTA barrier every thread reads all pairs (the compiler's reduction takes two)."""
+    rows = gl.join(gl.max(p, axis=1), gl.max(gl.abs(ds), axis=1))            # [Q_ROWS, 2]
+    nw: gl.constexpr = gl.num_warps()
+    per_warp = gl.max(gl.reshape(rows, [nw, rows.shape[0] // nw, 2]), axis=1)  # [warps, 2]
+    xbuf.store(per_warp)
+    both = gl.max(xbuf.load(all_layout), axis=0)                               # [2], in every thread
+    col = gl.arange(0, 2, layout=gl.SliceLayout(0, all_layout))
+    # (both are >= 0: a max against 0 picks one element)
+    return gl.max(gl.where(col == 0, both, 0.0), axis=0), gl.max(gl.where(col == 1, both, 0.0), axis=0)
+
+
+@gluon.jit
+def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, xbuf, lse, delta, offs_m,
+          q_scale, qk_const, SK_bh, TS_row, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem,
+          bars, row0, t_row0, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
+          op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
+          Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr,
+          MASK: gl.constexpr, REFILL: gl.constexpr):
+    """Tile j, whose K^ and V are in k_tile, v_tile. Unless FIRST, tile j-1's dS^ (ds_prev, int8 in
+    its low bytes) times K^ (kt_prev) runs on the tensor cores with S_j and dP_j and is folded into
+    dq with scale_prev; REFILL: then TMA pair `refill` (if < n_pairs) into the slot that product
+    read. Returns dq, tile j's dS^ bits and its dQ scale."""
+    if not FIRST:
+        ds8 = gl.convert_layout(ds_prev.to(gl.int8), op_layout)
+        dq_tok = warpgroup_mma(ds8, kt_prev.permute((1, 0)), gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout),
+                               use_acc=False, is_async=True)
+    s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.int32, s_layout),
+                          use_acc=False, is_async=True)
+    dp_tok = warpgroup_mma(do_smem, v_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.float32, dp_layout),
+                           use_acc=False, is_async=True)
+    k_scale = gl.load(SK_bh + j)
+    if not FIRST:
+        dq_int = warpgroup_mma_wait(2, deps=[dq_tok])
+        dq += dq_int.to(gl.float32) * scale_prev
+    s = warpgroup_mma_wait(1, deps=[s_tok])
+    p = gl.exp2(s.to(gl.float32) * ((q_scale * k_scale) * qk_const) - lse[:, None])
+    if MASK:
+        offs_n = j * KV_ROWS + gl.arange(0, KV_ROWS, layout=gl.SliceLayout(0, s_layout))
+        p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+    dp = warpgroup_mma_wait(0, deps=[dp_tok])
+    ds = p * (gl.convert_layout(dp, s_layout) - delta[:, None])
+    if REFILL and refill < n_pairs:
+        # Before the exchange, whose barrier then orders these copies before the next wgmma
+        # reads (else the compiler adds a barrier there). Measured against refilling after the
+        # exchange (one more barrier per pair) or in tile 2u+1 (later): -3.5% and -6% unmasked.
+        _cta_barrier()   # both warpgroups have waited on the product that read the slot
+        _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, refill, row0, t_row0, STAGES, KV_ROWS)
+    p_amax, ds_amax = _tile_maxima(p, ds, xbuf, all_layout)
+    p_scale, p_inv = _block_scales(p_amax)
+    ds_scale, ds_inv = _block_scales(ds_amax)
+    slot4 = gl.arange(0, 4, layout=ts_layout)
+    gl.store(TS_row + j * 4 + slot4,
+             gl.where(slot4 == 0, p_scale, gl.where(slot4 == 1, p_inv, gl.where(slot4 == 2, ds_scale, ds_inv))))
+    return dq, _int8_bits(ds, ds_inv, -128, 128), ds_scale * k_scale   # own inv: no clamp
+
+
+@gluon.jit
+def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
+          xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
+          s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr,
+          all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr, Q_ROWS: gl.constexpr,
+          KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr):
+    """Tiles 2u and 2u+1 (ring slot u % STAGES). Unless FIRST, the previous pair's last dS^ comes
+    in (ds_prev, scale_prev; its K^T in prev_slot), and tile 2u refills that slot."""
+    slot = u % STAGES
+    mbarrier.wait(bars.index(slot), (u // STAGES) & 1)
+    k_pair = k_smem.index(slot)
+    kt_pair = kt_smem.index(slot)
+    v_pair = v_smem.index(slot)
+    kt_prev = kt_smem.index(prev_slot).slice(KV_ROWS, KV_ROWS, dim=1)
+    refill = u - 1 + STAGES
+    dq, ds_a, scale_a = _tile(2 * u, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_pair.slice(0, KV_ROWS),
+                              v_pair.slice(0, KV_ROWS), xbuf_a, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
+                              refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, row0, t_row0,
+                              s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
+                              KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST)
+    dq, ds_b, scale_b = _tile(2 * u + 1, dq, ds_a, scale_a, kt_pair.slice(0, KV_ROWS, dim=1), q_smem, do_smem,
+                              k_pair.slice(KV_ROWS, KV_ROWS), v_pair.slice(KV_ROWS, KV_ROWS), xbuf_b, lse, delta,
+                              offs_m, q_scale, qk_const, SK_bh, TS_row, refill, n_pairs, k_desc, kt_desc, v_desc,
+                              k_smem, kt_smem, v_smem, bars, row0, t_row0, s_layout, dp_layout, acc_layout, op_layout,
+                              all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, False, MASK, False)
+    return dq, ds_b, scale_b, slot
+
+
+@gluon.jit
+def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, TILE_SCALES, sm_scale, N,
+               HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
+               STAGES: gl.constexpr):
+    gl.static_assert(Q_ROWS == 2 * KV_ROWS, "the causal diagonal is the block's last tile pair")
+    nw: gl.constexpr = gl.num_warps()
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
+                                                       instr_shape=[16, KV_ROWS, 32])
+    dp_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
+                                                        instr_shape=[16, KV_ROWS, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
+                                                         instr_shape=[16, HEAD_DIM, 32])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=4)
+    all_layout: gl.constexpr = gl.BlockedLayout([nw, 2], [32, 1], [nw, 1], [1, 0])   # whole [warps, 2] per thread
+    ts_layout: gl.constexpr = gl.BlockedLayout([4], [32], [nw], [0])
+    row: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    bh = gl.program_id(1)
+    start_m = pid_m * Q_ROWS
+    row0 = bh * N
+    t_row0 = bh * HEAD_DIM
+    if CAUSAL:
+        n_pairs = pid_m + 1
+    else:
+        n_pairs = N // Q_ROWS
+
+    q_smem = gl.allocate_shared_memory(gl.int8, [Q_ROWS, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [Q_ROWS, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, 2 * KV_ROWS, HEAD_DIM], k_desc.layout)
+    kt_smem = gl.allocate_shared_memory(gl.int8, [STAGES, HEAD_DIM, 2 * KV_ROWS], kt_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 2 * KV_ROWS, HEAD_DIM], v_desc.layout)
+    # One exchange buffer per tile of a pair: separate allocations, so that the compiler's barrier
+    # before reading one also orders the previous reads of the other (one barrier per tile).
+    x_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    xbuf_a = gl.allocate_shared_memory(gl.float32, [nw, 2], x_layout)
+    xbuf_b = gl.allocate_shared_memory(gl.float32, [nw, 2], x_layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES + 1):
+        mbarrier.init(bars.index(i), count=1)
+    q_bar = bars.index(STAGES)
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], q_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [row0 + start_m, 0], q_bar, do_smem)
+    for i in gl.static_range(STAGES):
+        if i < n_pairs:
+            _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, i, row0, t_row0, STAGES, KV_ROWS)
+
+    offs_m = start_m + gl.arange(0, Q_ROWS, layout=row)
+    lse = gl.load(LSE2 + row0 + offs_m)
+    delta = gl.load(DELTA + row0 + offs_m)
+    q_scale = gl.load(SQ + bh * (N // Q_ROWS) + pid_m)
+    SK_bh = SK + bh * (N // KV_ROWS)
+    TS_row = TILE_SCALES + (bh.to(gl.int64) * (N // Q_ROWS) + pid_m) * (N // KV_ROWS) * 4
+    qk_const = sm_scale * 1.4426950408889634
+    dq = gl.zeros([Q_ROWS, HEAD_DIM], gl.float32, acc_layout)
+    ds_bits = gl.zeros([Q_ROWS, KV_ROWS], gl.int32, s_layout)   # no product in flight before tile 0
+    scale = qk_const
+    slot = gl.to_tensor(0)
+    mbarrier.wait(q_bar, 0)
+
+    # backward.py's order: the unmasked tiles, then (causal) the block's diagonal pair, masked.
+    if CAUSAL:
+        n_unmasked = n_pairs - 1
+    else:
+        n_unmasked = n_pairs
+    if n_unmasked > 0:
+        dq, ds_bits, scale, slot = _pair(
+            gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
+            xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
+            s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM,
+            True, False)
+        for u in range(1, n_unmasked):
+            dq, ds_bits, scale, slot = _pair(
+                u, n_pairs, dq, ds_bits, scale, slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars,
+                k_desc, kt_desc, v_desc, row0, t_row0, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
+                s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS,
+                HEAD_DIM, False, False)
+        if CAUSAL:
+            dq, ds_bits, scale, slot = _pair(
+                n_pairs - 1, n_pairs, dq, ds_bits, scale, slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
+                xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, lse, delta, offs_m, q_scale, qk_const, SK_bh,
+                TS_row, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS,
+                HEAD_DIM, False, True)
+    else:   # causal, first q block: only the diagonal pair
+        dq, ds_bits, scale, slot = _pair(
+            gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
+            xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
+            s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM,
+            True, True)
+    # the last tile's product
+    dq_int = warpgroup_mma(gl.convert_layout(ds_bits.to(gl.int8), op_layout),
+                           kt_smem.index(slot).slice(KV_ROWS, KV_ROWS, dim=1).permute((1, 0)),
+                           gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout), use_acc=False)
+    dq += dq_int.to(gl.float32) * scale
+    for i in gl.static_range(STAGES + 1):
+        mbarrier.invalidate(bars.index(i))
+
+    offs_r = start_m + gl.arange(0, Q_ROWS, layout=gl.SliceLayout(1, acc_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    gl.store(DQ + bh.to(gl.int64) * N * HEAD_DIM + offs_r[:, None] * HEAD_DIM + offs_d[None, :],
+             (dq * sm_scale).to(DQ.dtype.element_ty))
+
+
+def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> bool:
+    """Whether this kernel covers a dQ call (else backward.py runs it). Not d=64: slower there
+    (module docstring), though it computes the same."""
+    return head_dim == 128 and block_q == Q_ROWS and block_kv == KV_ROWS and not smooth_q
+
+
+def launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, causal: bool):
+    """(grid, args, kwargs) of the one dQ launch; v and do may have any strides and alignment."""
+    b, h, n, d = q8.shape
+    rows = b * h * n
+    args = (_desc(q8.reshape(rows, d), [Q_ROWS, d]), _desc(_tma_ready(do).reshape(rows, d), [Q_ROWS, d]),
+            _desc(k8.reshape(rows, d), [2 * KV_ROWS, d]), _desc(k8t.reshape(b * h * d, n), [d, 2 * KV_ROWS]),
+            _desc(_tma_ready(v).reshape(rows, d), [2 * KV_ROWS, d]),
+            s_q, s_k, lse2, delta, dq, tile_scales, 1.0 / d ** 0.5, n)
+    kwargs = dict(HEAD_DIM=d, Q_ROWS=Q_ROWS, KV_ROWS=KV_ROWS, CAUSAL=causal, STAGES=STAGES, num_warps=8)
+    return (n // Q_ROWS, b * h), args, kwargs

@@ -66,14 +66,16 @@ def _forward_backward(shape, causal, gluon, layout="contiguous"):
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
-@pytest.mark.parametrize("shape", [(1, 4, 2048, 64), (2, 3, 384, 64), (1, 4, 1024, 128)])
+@pytest.mark.parametrize("shape", [(1, 4, 2048, 64), (2, 3, 384, 64), (1, 4, 1024, 128), (2, 3, 384, 128),
+                                   (1, 2, 128, 128)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gluon_kernels_match_the_triton_kernels(shape, causal):
     """SAGEBWD_GLUON's kernels against the Triton ones on the same inputs. dK/dV does the same
     arithmetic in the same order (exact INT8 sums, chained in int32): bit-identical. The forward
     applies each tile's O update one iteration later: within an output rounding of it. dQ
     likewise (and the tile scales it writes for dK/dV): bit-identical.
-    (384 rows: causal kv tiles that start in the middle of a q block.)"""
+    (384 rows: causal kv tiles that start in the middle of a q block, and an odd number of q
+    blocks; 128 rows: one q block, whose only kv tiles are the diagonal ones.)"""
     ref = _forward_backward(shape, causal, ())
     for kernels in (("dkdv",), ("dq",), ("dkdv", "dq")):
         got = _forward_backward(shape, causal, kernels)
@@ -88,10 +90,11 @@ def test_gluon_kernels_match_the_triton_kernels(shape, causal):
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("layout", ["misaligned", "ulysses"])
-def test_gluon_backward_takes_any_layout_of_v_and_do(layout):
-    ref = _forward_backward((2, 3, 384, 64), True, ())
-    got = _forward_backward((2, 3, 384, 64), True, ("dkdv", "dq"), layout)
+def test_gluon_backward_takes_any_layout_of_v_and_do(layout, head_dim):
+    ref = _forward_backward((2, 3, 384, head_dim), True, ())
+    got = _forward_backward((2, 3, 384, head_dim), True, ("dkdv", "dq"), layout)
     for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
         assert torch.equal(a, b), f"{name} differs with {layout} v/dO"
 

@@ -69,15 +69,7 @@ def _backward_preprocess_kernel(DO, O, LSE, DELTA, LSE2, DO_COLS, DO_SCALE,
 
 
 def _warps(block: int, head_dim: int) -> int:
-    """Warps of the backward preprocess."""
     return 1 if interpreting() else (8 if block * head_dim >= 128 * 128 else 4)
-
-
-def _quantize_warps(head_dim: int) -> int:
-    """Warps of the quantise kernel: 8 at d=64, 4 at d=128, for Q (blocks of 128 rows), K and V (64)
-    alike. H200, (8,8,4096,d), us for Q / K / V: d=64 25 / 33 / 20 at 8 warps against 31 / 37 /
-    25 at 4; d=128 54 / 50 / 34 at 4 against 59 / 67 / 32 at 8 (docs/kernel-notes.md, v19)."""
-    return 1 if interpreting() else (8 if head_dim <= 64 else 4)
 
 
 def sequence_mean(x: torch.Tensor) -> torch.Tensor:
@@ -110,7 +102,7 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
         x, mean if mean is not None else dummy, out_rows if rows else dummy, out_cols if cols else dummy,
         scale, block_mean if smooth_block else dummy, *x.stride(), h, n,
         BLOCK=block, HEAD_DIM=d, SUBTRACT_MEAN=mean is not None, SMOOTH_BLOCK=smooth_block,
-        WRITE_ROWS=rows, WRITE_COLS=cols, num_warps=_quantize_warps(d))
+        WRITE_ROWS=rows, WRITE_COLS=cols, num_warps=_warps(block, d))
     return out_rows, out_cols, scale, block_mean
 
 

@@ -52,7 +52,7 @@ STAGES_DK128 = 1
 
 @gluon.jit
 def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
-                lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, STAGES: gl.constexpr, SLICE: gl.constexpr):
+                lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, vb, vh, STAGES: gl.constexpr, SLICE: gl.constexpr):
     """The d=64 (PASS = BOTH) kernel's loads: all of q block `blk` on one barrier, LSE and delta as
     one copy each (per-slice barriers measured 6% slower there: more registers and barriers)."""
     slot = r % STAGES
@@ -62,7 +62,7 @@ def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem
     for h in gl.static_range(2):
         row = blk * 2 * SLICE + h * SLICE
         tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(2 * slot + h))
-        tma.async_copy_global_to_shared(do_desc, [q_row0 + row, 0], bar, do_smem.index(2 * slot + h))
+        tma.async_copy_global_to_shared(do_desc, [vb, vh, row, 0], bar, do_smem.index(2 * slot + h))
         tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(2 * slot + h))
         tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(2 * slot + h))
     tma.async_copy_global_to_shared(lse_desc, [q_row0 + blk * 2 * SLICE], bar, lse_smem.index(slot))
@@ -81,8 +81,8 @@ def _slice_vector(smem, slot, h, col: gl.constexpr, SLICE: gl.constexpr, PASS: g
 
 @gluon.jit
 def _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
-                lse_smem, delta_smem, bars, r, blk, h, q_row0, t_row0, STAGES: gl.constexpr, SLICE: gl.constexpr,
-                PASS: gl.constexpr):
+                lse_smem, delta_smem, bars, r, blk, h, q_row0, t_row0, vb, vh, STAGES: gl.constexpr,
+                SLICE: gl.constexpr, PASS: gl.constexpr):
     """TMA of slice h of q block `blk` into ring slot r % STAGES, on its own barrier: Q^ and LSE, and
     what the pass needs of dO^T (dV) and dO, Q^T, delta (dK). A slice's buffers are refilled as
     soon as its own last wgmma is done (the other slice of the block may still be running)."""
@@ -96,7 +96,7 @@ def _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem
     tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(i))
     tma.async_copy_global_to_shared(lse_desc, [q_row0 + row], bar, lse_smem.index(i))
     if PASS != DV_ONLY:
-        tma.async_copy_global_to_shared(do_desc, [q_row0 + row, 0], bar, do_smem.index(i))
+        tma.async_copy_global_to_shared(do_desc, [vb, vh, row, 0], bar, do_smem.index(i))
         tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(i))
         tma.async_copy_global_to_shared(delta_desc, [q_row0 + row], bar, delta_smem.index(i))
     if PASS != DK_ONLY:
@@ -134,8 +134,8 @@ def _load_scales(blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK: gl.constexpr):
 
 
 @gluon.jit
-def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, bars,
-             q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks, q_row0, t_row0, offs_kv,
+def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, bars,
+             q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks, q_row0, t_row0, vb, vh, offs_kv,
              q_scale, s_do, p_scale, p_inv, ds_scale, ds_inv, k_scale, qk_const, next_blk, SQ_bh, SDO_bh, TS_col, N,
              s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
              op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, KV_BLOCK: gl.constexpr,
@@ -189,8 +189,8 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
         if HAS_A:
             st_a = warpgroup_mma(k_smem, q_smem.index(2 * slot).permute((1, 0)), zero_s, use_acc=False,
                                  is_async=True)
-            dpt_a = warpgroup_mma(v_smem, do_smem.index(2 * slot).permute((1, 0)), zero_dp, use_acc=False,
-                                  is_async=True)
+            dpt_a = warpgroup_mma(v_tile, do_smem.index(2 * slot).reshape([SLICE, HEAD_DIM]).permute((1, 0)),
+                                  zero_dp, use_acc=False, is_async=True)
             st_a = warpgroup_mma_wait(1, deps=[st_a])
             lse_a = _slice_vector(lse_smem, slot, 0, col, SLICE, PASS)
             p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A)
@@ -208,16 +208,16 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
             mbarrier.wait(bars.index(2 * slot + 1), phase)
         st_b = warpgroup_mma(k_smem, q_smem.index(2 * slot + 1).permute((1, 0)), zero_s, use_acc=False,
                              is_async=True)
-        dpt_b = warpgroup_mma(v_smem, do_smem.index(2 * slot + 1).permute((1, 0)), zero_dp, use_acc=False,
-                              is_async=True)
+        dpt_b = warpgroup_mma(v_tile, do_smem.index(2 * slot + 1).reshape([SLICE, HEAD_DIM]).permute((1, 0)),
+                              zero_dp, use_acc=False, is_async=True)
         st_b = warpgroup_mma_wait(1, deps=[st_b])
         # dK pass: slice a's wgmmas are all done (issued before S_b): refill its buffers now, so
         # with one pipeline stage the next block's first half loads during this one's second half
         # (at d=64 the early refill measured no better and costs registers: both refill at the end)
         if PASS == DK_ONLY and r + STAGES < n_blocks:
             _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, STAGES,
-                        SLICE, PASS)
+                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, vb, vh,
+                        STAGES, SLICE, PASS)
         lse_b = _slice_vector(lse_smem, slot, 1, col, SLICE, PASS)
         p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B)
         if PASS == BOTH:
@@ -251,22 +251,22 @@ def _q_block(r, blk, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem,
     if r + STAGES < n_blocks:   # the slot is free again (in the dK pass, slice a was refilled already)
         if PASS == BOTH:
             _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, q_row0, t_row0, STAGES,
+                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, q_row0, t_row0, vb, vh, STAGES,
                         SLICE)
         else:
             if PASS == DV_ONLY:
                 _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                            dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0,
+                            dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, vb, vh,
                             STAGES, SLICE, PASS)
             _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 1, q_row0, t_row0, STAGES,
-                        SLICE, PASS)
+                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 1, q_row0, t_row0, vb, vh,
+                        STAGES, SLICE, PASS)
     return dv, dk, nxt
 
 
 @gluon.jit
 def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                 SQ, SK, SDO, TILE_SCALES, DK, DV, sm_scale, N,
+                 SQ, SK, SDO, TILE_SCALES, DK, DV, sm_scale, N, H,
                  HEAD_DIM: gl.constexpr, Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, SLICE: gl.constexpr,
                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr):
     gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
@@ -290,13 +290,15 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     unused3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
     if PASS != DV_ONLY:
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [KV_BLOCK, HEAD_DIM], v_desc.layout)
-        do_smem = gl.allocate_shared_memory(do_desc.dtype, [2 * STAGES, SLICE, HEAD_DIM], do_desc.layout)
+        # v and dO come by 4-D descriptors on their own strides: (1, 1, rows, HEAD_DIM) boxes
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+        v_tile = v_smem.reshape([KV_BLOCK, HEAD_DIM])
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [2 * STAGES] + do_desc.block_type.shape, do_desc.layout)
         qt_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], qt_desc.layout)
         delta_smem = gl.allocate_shared_memory(gl.float32, [VEC_ROWS, delta_desc.block_type.shape[0]],
                                                delta_desc.layout)
     else:
-        v_smem = gl.allocate_shared_memory(gl.int8, [1, 16], unused)
+        v_tile = gl.allocate_shared_memory(gl.int8, [1, 16], unused)
         do_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
         qt_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
         delta_smem = gl.allocate_shared_memory(gl.float32, [1, 4], unused)
@@ -309,11 +311,13 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
         mbarrier.init(bars.index(i), count=1)
 
     q_row0 = bh * N
+    vb = bh // H   # the batch and head coordinates of v and dO
+    vh = bh % H
     t_row0 = bh * HEAD_DIM
     kv_bar = bars.index(2 * STAGES)
     if PASS != DV_ONLY:
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [q_row0 + start_n, 0], kv_bar, v_smem)
+        tma.async_copy_global_to_shared(v_desc, [vb, vh, start_n, 0], kv_bar, v_smem)
     else:
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [q_row0 + start_n, 0], kv_bar, k_smem)
@@ -327,11 +331,11 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
         if i < n_blocks:
             if PASS == BOTH:
                 _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                            dot_smem, lse_smem, delta_smem, bars, i, first + i, q_row0, t_row0, STAGES, SLICE)
+                            dot_smem, lse_smem, delta_smem, bars, i, first + i, q_row0, t_row0, vb, vh, STAGES, SLICE)
             else:
                 for h in gl.static_range(2):
                     _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                                dot_smem, lse_smem, delta_smem, bars, i, first + i, h, q_row0, t_row0, STAGES,
+                                dot_smem, lse_smem, delta_smem, bars, i, first + i, h, q_row0, t_row0, vb, vh, STAGES,
                                 SLICE, PASS)
 
     k_scale = gl.load(SK + bh * (N // KV_BLOCK) + pid_n)
@@ -351,24 +355,24 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
         # The diagonal block: the kv tile is its first slice (slice a masked, b full) or its
         # second (slice a wholly above the diagonal: skipped; b masked).
         if start_n % Q_BLOCK == 0:
-            dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+            dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                                   delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                                  n_blocks, q_row0, t_row0, offs_kv, *sc, k_scale, qk_const,
+                                  n_blocks, q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const,
                                   gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
                                   s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS,
                                   True, True, False)
         else:
-            dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+            dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                                   delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                                  n_blocks, q_row0, t_row0, offs_kv, *sc, k_scale, qk_const,
+                                  n_blocks, q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const,
                                   gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
                                   s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS,
                                   False, False, True)
         loop_start = 1
     for r in range(loop_start, n_blocks):
-        dv, dk, sc = _q_block(r, first + r, dv, dk, k_smem, v_smem, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+        dv, dk, sc = _q_block(r, first + r, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                               delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
-                              q_row0, t_row0, offs_kv, *sc, k_scale, qk_const, gl.minimum(first + r + 1, last),
+                              q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const, gl.minimum(first + r + 1, last),
                               SQ_bh, SDO_bh, TS_col, N,
                               s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS,
                               True, False, False)
@@ -398,9 +402,28 @@ def _desc(t2d, block):
 
 def _tma_ready(t):
     """t as a contiguous tensor at a 16-byte aligned address (what a TMA descriptor needs); a copy
-    only where t is not already (DeepSpeed's Ulysses hands permuted views, projections narrow ones)."""
+    only where t is not already."""
     t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def seq_desc(t, rows: int):
+    """4-D TMA descriptor of t (B, H, N, D) in (1, 1, rows, D) boxes, on t's own strides.
+
+    The model hands v as a permuted view of its qkv projection and dO as a transposed view,
+    DeepSpeed's Ulysses other permutations; a contiguous copy of each (67 MB at (8,8,4096,128),
+    ~30 us) per kernel that reads it was 2-4 copies per backward. A copy is left only where TMA
+    cannot read t in place: inner stride not 1, another stride or the base not 16-byte aligned.
+    """
+    def tma_strides(x):   # a size-1 dim's stride is never used; make it one TMA accepts
+        return [s if n > 1 else x.shape[-1] for s, n in zip(x.stride(), x.shape)]
+    strides = tma_strides(t)
+    if strides[-1] != 1 or any(s * t.element_size() % 16 for s in strides[:-1]) or t.data_ptr() % 16:
+        t = _tma_ready(t)
+        strides = tma_strides(t)
+    block = [1, 1, rows, t.shape[-1]]
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t.dtype]
+    return TensorDescriptor(t, list(t.shape), strides, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
 def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
@@ -410,11 +433,11 @@ def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales,
     b, h, n, d = q8.shape
     rows = b * h * n
     vec = 2 * SLICE if d <= 64 else SLICE   # LSE/delta TMA box: the block (one launch) or a slice
-    args = (_desc(k8.reshape(rows, d), [ROWS, d]), _desc(_tma_ready(v).reshape(rows, d), [ROWS, d]),
-            _desc(q8.reshape(rows, d), [SLICE, d]), _desc(_tma_ready(do).reshape(rows, d), [SLICE, d]),
+    args = (_desc(k8.reshape(rows, d), [ROWS, d]), seq_desc(v, ROWS),
+            _desc(q8.reshape(rows, d), [SLICE, d]), seq_desc(do, SLICE),
             _desc(q8t.reshape(b * h * d, n), [d, SLICE]), _desc(do8t.reshape(b * h * d, n), [d, SLICE]),
             _desc(lse2.reshape(rows), [vec]), _desc(delta.reshape(rows), [vec]),
-            s_q, s_k, s_do, tile_scales, dk, dv, 1.0 / d ** 0.5, n)
+            s_q, s_k, s_do, tile_scales, dk, dv, 1.0 / d ** 0.5, n, h)
     kwargs = dict(HEAD_DIM=d, Q_BLOCK=block_q, KV_BLOCK=ROWS, SLICE=SLICE, CAUSAL=causal, STAGES=STAGES,
                   num_warps=4)
     grid = (n // ROWS, b * h)

@@ -35,7 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .dkdv_hopper import _desc, _int8_bits, _tma_ready
+from .dkdv_hopper import _desc, _int8_bits, seq_desc
 
 Q_ROWS = 128    # q rows per program = block_q
 KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
@@ -46,7 +46,7 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @gluon.jit
-def _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, t_row0,
+def _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, t_row0, vb, vh,
                STAGES: gl.constexpr, KV_ROWS: gl.constexpr):
     """TMA of kv tiles 2u and 2u+1 (K^, K^T, V) into ring slot u % STAGES: three copies on one
     mbarrier per two tiles."""
@@ -55,7 +55,7 @@ def _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, 
     mbarrier.expect(bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [row0 + u * 2 * KV_ROWS, 0], bar, k_smem.index(slot))
     tma.async_copy_global_to_shared(kt_desc, [t_row0, u * 2 * KV_ROWS], bar, kt_smem.index(slot))
-    tma.async_copy_global_to_shared(v_desc, [row0 + u * 2 * KV_ROWS, 0], bar, v_smem.index(slot))
+    tma.async_copy_global_to_shared(v_desc, [vb, vh, u * 2 * KV_ROWS, 0], bar, v_smem.index(slot))
 
 
 @gluon.jit
@@ -83,7 +83,7 @@ def _tile_maxima(p, ds, xbuf, all_layout: gl.constexpr):
 @gluon.jit
 def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, xbuf, lse, delta, offs_m,
           q_scale, qk_const, SK_bh, TS_row, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem,
-          bars, row0, t_row0, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
+          bars, row0, t_row0, vb, vh, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
           op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
           Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr,
           MASK: gl.constexpr, REFILL: gl.constexpr):
@@ -115,7 +115,8 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
         # reads (else the compiler adds a barrier there). Measured against refilling after the
         # exchange (one more barrier per pair) or in tile 2u+1 (later): -3.5% and -6% unmasked.
         _cta_barrier()   # both warpgroups have waited on the product that read the slot
-        _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, refill, row0, t_row0, STAGES, KV_ROWS)
+        _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, refill, row0, t_row0, vb, vh, STAGES,
+                   KV_ROWS)
     p_amax, ds_amax = _tile_maxima(p, ds, xbuf, all_layout)
     p_scale, p_inv = _block_scales(p_amax)
     ds_scale, ds_inv = _block_scales(ds_amax)
@@ -127,8 +128,8 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
 
 @gluon.jit
 def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
-          xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
-          s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr,
+          xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh,
+          TS_row, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr,
           all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr, Q_ROWS: gl.constexpr,
           KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr):
     """Tiles 2u and 2u+1 (ring slot u % STAGES). Unless FIRST, the previous pair's last dS^ comes
@@ -137,24 +138,24 @@ def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_sme
     mbarrier.wait(bars.index(slot), (u // STAGES) & 1)
     k_pair = k_smem.index(slot)
     kt_pair = kt_smem.index(slot)
-    v_pair = v_smem.index(slot)
+    v_pair = v_smem.index(slot).reshape([2 * KV_ROWS, HEAD_DIM])
     kt_prev = kt_smem.index(prev_slot).slice(KV_ROWS, KV_ROWS, dim=1)
     refill = u - 1 + STAGES
     dq, ds_a, scale_a = _tile(2 * u, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_pair.slice(0, KV_ROWS),
                               v_pair.slice(0, KV_ROWS), xbuf_a, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
                               refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, row0, t_row0,
-                              s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
-                              KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST)
+                              vb, vh, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES,
+                              Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST)
     dq, ds_b, scale_b = _tile(2 * u + 1, dq, ds_a, scale_a, kt_pair.slice(0, KV_ROWS, dim=1), q_smem, do_smem,
                               k_pair.slice(KV_ROWS, KV_ROWS), v_pair.slice(KV_ROWS, KV_ROWS), xbuf_b, lse, delta,
                               offs_m, q_scale, qk_const, SK_bh, TS_row, refill, n_pairs, k_desc, kt_desc, v_desc,
-                              k_smem, kt_smem, v_smem, bars, row0, t_row0, s_layout, dp_layout, acc_layout, op_layout,
-                              all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, False, MASK, False)
+                              k_smem, kt_smem, v_smem, bars, row0, t_row0, vb, vh, s_layout, dp_layout, acc_layout,
+                              op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, False, MASK, False)
     return dq, ds_b, scale_b, slot
 
 
 @gluon.jit
-def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, TILE_SCALES, sm_scale, N,
+def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, TILE_SCALES, sm_scale, N, H,
                HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
                STAGES: gl.constexpr):
     gl.static_assert(Q_ROWS == 2 * KV_ROWS, "the causal diagonal is the block's last tile pair")
@@ -175,6 +176,8 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
     bh = gl.program_id(1)
     start_m = pid_m * Q_ROWS
     row0 = bh * N
+    vb = bh // H   # the batch and head coordinates of v and dO
+    vh = bh % H
     t_row0 = bh * HEAD_DIM
     if CAUSAL:
         n_pairs = pid_m + 1
@@ -182,10 +185,11 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
         n_pairs = N // Q_ROWS
 
     q_smem = gl.allocate_shared_memory(gl.int8, [Q_ROWS, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [Q_ROWS, HEAD_DIM], do_desc.layout)
+    # v and dO come by 4-D descriptors on their own strides: (1, 1, rows, HEAD_DIM) boxes
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, do_desc.block_type.shape, do_desc.layout)
     k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, 2 * KV_ROWS, HEAD_DIM], k_desc.layout)
     kt_smem = gl.allocate_shared_memory(gl.int8, [STAGES, HEAD_DIM, 2 * KV_ROWS], kt_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 2 * KV_ROWS, HEAD_DIM], v_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     # One exchange buffer per tile of a pair: separate allocations, so that the compiler's barrier
     # before reading one also orders the previous reads of the other (one barrier per tile).
     x_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
@@ -197,10 +201,10 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
     q_bar = bars.index(STAGES)
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], q_bar, q_smem)
-    tma.async_copy_global_to_shared(do_desc, [row0 + start_m, 0], q_bar, do_smem)
+    tma.async_copy_global_to_shared(do_desc, [vb, vh, start_m, 0], q_bar, do_smem)
     for i in gl.static_range(STAGES):
         if i < n_pairs:
-            _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, i, row0, t_row0, STAGES, KV_ROWS)
+            _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, i, row0, t_row0, vb, vh, STAGES, KV_ROWS)
 
     offs_m = start_m + gl.arange(0, Q_ROWS, layout=row)
     lse = gl.load(LSE2 + row0 + offs_m)
@@ -213,6 +217,7 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
     ds_bits = gl.zeros([Q_ROWS, KV_ROWS], gl.int32, s_layout)   # no product in flight before tile 0
     scale = qk_const
     slot = gl.to_tensor(0)
+    do_tile = do_smem.reshape([Q_ROWS, HEAD_DIM])
     mbarrier.wait(q_bar, 0)
 
     # backward.py's order: the unmasked tiles, then (causal) the block's diagonal pair, masked.
@@ -222,28 +227,28 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
         n_unmasked = n_pairs
     if n_unmasked > 0:
         dq, ds_bits, scale, slot = _pair(
-            gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
-            xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
-            s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM,
-            True, False)
+            gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
+            xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
+            SK_bh, TS_row, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
+            KV_ROWS, HEAD_DIM, True, False)
         for u in range(1, n_unmasked):
             dq, ds_bits, scale, slot = _pair(
-                u, n_pairs, dq, ds_bits, scale, slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars,
-                k_desc, kt_desc, v_desc, row0, t_row0, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
+                u, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars,
+                k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
                 s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS,
                 HEAD_DIM, False, False)
         if CAUSAL:
             dq, ds_bits, scale, slot = _pair(
-                n_pairs - 1, n_pairs, dq, ds_bits, scale, slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
-                xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, lse, delta, offs_m, q_scale, qk_const, SK_bh,
-                TS_row, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS,
-                HEAD_DIM, False, True)
+                n_pairs - 1, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
+                xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
+                SK_bh, TS_row, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
+                KV_ROWS, HEAD_DIM, False, True)
     else:   # causal, first q block: only the diagonal pair
         dq, ds_bits, scale, slot = _pair(
-            gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
-            xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
-            s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM,
-            True, True)
+            gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
+            xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
+            SK_bh, TS_row, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
+            KV_ROWS, HEAD_DIM, True, True)
     # the last tile's product
     dq_int = warpgroup_mma(gl.convert_layout(ds_bits.to(gl.int8), op_layout),
                            kt_smem.index(slot).slice(KV_ROWS, KV_ROWS, dim=1).permute((1, 0)),
@@ -268,9 +273,8 @@ def launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, c
     """(grid, args, kwargs) of the one dQ launch; v and do may have any strides and alignment."""
     b, h, n, d = q8.shape
     rows = b * h * n
-    args = (_desc(q8.reshape(rows, d), [Q_ROWS, d]), _desc(_tma_ready(do).reshape(rows, d), [Q_ROWS, d]),
+    args = (_desc(q8.reshape(rows, d), [Q_ROWS, d]), seq_desc(do, Q_ROWS),
             _desc(k8.reshape(rows, d), [2 * KV_ROWS, d]), _desc(k8t.reshape(b * h * d, n), [d, 2 * KV_ROWS]),
-            _desc(_tma_ready(v).reshape(rows, d), [2 * KV_ROWS, d]),
-            s_q, s_k, lse2, delta, dq, tile_scales, 1.0 / d ** 0.5, n)
+            seq_desc(v, 2 * KV_ROWS), s_q, s_k, lse2, delta, dq, tile_scales, 1.0 / d ** 0.5, n, h)
     kwargs = dict(HEAD_DIM=d, Q_ROWS=Q_ROWS, KV_ROWS=KV_ROWS, CAUSAL=causal, STAGES=STAGES, num_warps=8)
     return (n // Q_ROWS, b * h), args, kwargs

@@ -48,6 +48,14 @@ def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
+def _model_layout(v, do):
+    """v as a view of a (B, N, 3, H, D) qkv projection, dO as a (B, N, H, D) gradient transposed."""
+    b, h, n, d = v.shape
+    qkv = torch.zeros(b, n, 3, h, d, device=v.device, dtype=v.dtype)
+    qkv[:, :, 2] = v.transpose(1, 2)
+    return qkv.permute(2, 0, 3, 1, 4)[2], do.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def _forward_backward(shape, causal, gluon, layout="contiguous"):
     from sagebwd.triton import _common, attention
     _common.LAUNCH_OVERRIDES["gluon"] = gluon
@@ -58,6 +66,8 @@ def _forward_backward(shape, causal, gluon, layout="contiguous"):
             v, do = [torch.cat([t.new_zeros(1), t.flatten()])[1:].view(shape) for t in (v, do)]
         elif layout == "ulysses":     # DeepSpeed's (seq, batch, heads, dim) permuted to (batch, heads, seq, dim)
             v, do = [t.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for t in (v, do)]
+        elif layout == "model":       # v from the model's qkv projection, dO the transpose of the output's grad
+            v, do = _model_layout(v, do)
         q, k, v = [t.requires_grad_() for t in (q, k, v)]
         o = attention(q, k, v, causal)
         return [o.detach(), *torch.autograd.grad(o, (q, k, v), do)]
@@ -91,7 +101,7 @@ def test_gluon_kernels_match_the_triton_kernels(shape, causal):
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("layout", ["misaligned", "ulysses"])
+@pytest.mark.parametrize("layout", ["misaligned", "ulysses", "model"])
 def test_gluon_backward_takes_any_layout_of_v_and_do(layout, head_dim):
     ref = _forward_backward((2, 3, 384, head_dim), True, ())
     got = _forward_backward((2, 3, 384, head_dim), True, ("dkdv", "dq"), layout)
@@ -115,14 +125,19 @@ def test_gluon_kernels_match_simulation(causal, head_dim):
         assert err <= TOLERANCE[torch.bfloat16], f"{name}: Gluon kernels vs simulation {err:.2e}"
 
 
-def test_backward_allocates_only_the_gradients_and_the_quantised_do():
+@pytest.mark.parametrize("layout", ["contiguous", "model"])
+def test_backward_allocates_only_the_gradients_and_the_quantised_do(layout):
     """The backward's new memory: dQ, dK, dV and dO^ (sequence-contiguous INT8), plus row and
     tile scalars. Autograd must not fill zero gradients for the op's other outputs (four of them
-    INT8 the size of Q/K: +16 MiB here, 43 us at (8,8,4096,128) before v20)."""
+    INT8 the size of Q/K: +16 MiB here, 43 us at (8,8,4096,128) before v20), and the model's
+    permuted v and transposed dO are read in place (before v21: a copy per kernel, +8 MiB each)."""
     from sagebwd.triton import attention
     shape = (1, 8, 4096, 128)
-    q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
+    q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     do = torch.randn_like(q)
+    if layout == "model":
+        v, do = _model_layout(v, do)
+    q, k, v = [t.requires_grad_() for t in (q, k, v)]
     o = attention(q, k, v, True)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()

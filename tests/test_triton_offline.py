@@ -104,3 +104,33 @@ def test_loop_finder_and_causal_tile_count():
     assert mix["per_element"] == pytest.approx(3 * 256 / 8192)
     # 4 q blocks of 128 over kv tiles of 64: 2, 4, 6, 8 tiles of 128 x 64
     assert sass_mix.causal_elements(512, 128, 64) == (2 + 4 + 6 + 8) * 128 * 64
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gluon_backward_builds_for_the_models_strided_v_and_do(head_dim):
+    """The model hands v as a view of its qkv projection and dO as a transposed gradient; the
+    Gluon dK/dV and dQ read them in place through 4-D TMA descriptors (no copies). That variant
+    of the kernels must build too (the GPU tests run it against the contiguous one)."""
+    import torch
+    from sagebwd.triton import dkdv_hopper, dq_hopper
+    b, h, n, d = 1, 2, 512, head_dim
+    v = torch.zeros(b, n, 3, h, d, dtype=torch.bfloat16).permute(2, 0, 3, 1, 4)[2]
+    do = torch.zeros(b, n, h, d, dtype=torch.bfloat16).transpose(1, 2)
+    i8 = lambda *s: torch.zeros(*s, dtype=torch.int8)   # noqa: E731
+    f32 = lambda *s: torch.zeros(*s)                    # noqa: E731
+    q8, k8, q8t, do8t = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n), i8(b, h, d, n)
+    s_q, s_k, lse2, delta = f32(b * h, n // 128), f32(b * h, n // 64), f32(b * h, n), f32(b * h, n)
+    tile_scales, out = f32(b * h, n // 128, n // 64, 4), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
+    launches = [(dkdv_hopper._dkdv_kernel, args, kwargs) for _, _, args, kwargs in dkdv_hopper.launches(
+        q8, q8t, s_q, k8, s_k, v, do, do8t, s_q, lse2, delta, tile_scales, out, out, causal=True, block_q=128)]
+    if dq_hopper.supports(head_dim=d, block_q=128, block_kv=64, smooth_q=False):
+        _, args, kwargs = dq_hopper.launch_args(q8, k8, q8t, s_q, s_k, v, do, lse2, delta, out, tile_scales,
+                                                causal=True)
+        launches.append((dq_hopper._dq_kernel, args, kwargs))
+    for kernel, args, kwargs in launches:
+        descriptors = [a for a in args if type(a).__name__ == "TensorDescriptor"]
+        assert sum(len(t.block_shape) == 4 for t in descriptors) == 2, "v and dO: 4-D, read in place"
+        compiled = offline.compile_recorded(kernel, args, kwargs)
+        usage = offline._resource_usage(compiled.asm["cubin"])
+        print(kernel.fn.__name__, kwargs.get("PASS"), usage, compiled.metadata.shared)
+        assert usage["regs"] <= 255 and compiled.metadata.shared <= HOPPER_SHARED_BYTES

@@ -51,6 +51,16 @@ STAGES_DK128 = 1
 
 
 @gluon.jit
+def _seq_copy(desc, vb, vh, row0, row, bar, dest):
+    """TMA of v or dO rows row.. of head (vb, vh): a 2-D (B*H*N, D) descriptor, whose head starts at
+    row0, or a 4-D (B, H, N, D) one on the tensor's own strides (seq_desc picks)."""
+    if len(desc.block_type.shape) == 4:
+        tma.async_copy_global_to_shared(desc, [vb, vh, row, 0], bar, dest)
+    else:
+        tma.async_copy_global_to_shared(desc, [row0 + row, 0], bar, dest)
+
+
+@gluon.jit
 def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
                 lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, vb, vh, STAGES: gl.constexpr, SLICE: gl.constexpr):
     """The d=64 (PASS = BOTH) kernel's loads: all of q block `blk` on one barrier, LSE and delta as
@@ -62,7 +72,7 @@ def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem
     for h in gl.static_range(2):
         row = blk * 2 * SLICE + h * SLICE
         tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(2 * slot + h))
-        tma.async_copy_global_to_shared(do_desc, [vb, vh, row, 0], bar, do_smem.index(2 * slot + h))
+        _seq_copy(do_desc, vb, vh, q_row0, row, bar, do_smem.index(2 * slot + h))
         tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(2 * slot + h))
         tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(2 * slot + h))
     tma.async_copy_global_to_shared(lse_desc, [q_row0 + blk * 2 * SLICE], bar, lse_smem.index(slot))
@@ -96,7 +106,7 @@ def _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem
     tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(i))
     tma.async_copy_global_to_shared(lse_desc, [q_row0 + row], bar, lse_smem.index(i))
     if PASS != DV_ONLY:
-        tma.async_copy_global_to_shared(do_desc, [vb, vh, row, 0], bar, do_smem.index(i))
+        _seq_copy(do_desc, vb, vh, q_row0, row, bar, do_smem.index(i))
         tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(i))
         tma.async_copy_global_to_shared(delta_desc, [q_row0 + row], bar, delta_smem.index(i))
     if PASS != DK_ONLY:
@@ -290,7 +300,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     unused3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
     if PASS != DV_ONLY:
-        # v and dO come by 4-D descriptors on their own strides: (1, 1, rows, HEAD_DIM) boxes
+        # v and dO: (rows, HEAD_DIM) or, by 4-D descriptors on their own strides, (1, 1, rows, HEAD_DIM) boxes
         v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
         v_tile = v_smem.reshape([KV_BLOCK, HEAD_DIM])
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [2 * STAGES] + do_desc.block_type.shape, do_desc.layout)
@@ -317,7 +327,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     kv_bar = bars.index(2 * STAGES)
     if PASS != DV_ONLY:
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [vb, vh, start_n, 0], kv_bar, v_smem)
+        _seq_copy(v_desc, vb, vh, q_row0, start_n, kv_bar, v_smem)
     else:
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [q_row0 + start_n, 0], kv_bar, k_smem)
@@ -408,22 +418,30 @@ def _tma_ready(t):
 
 
 def seq_desc(t, rows: int):
-    """4-D TMA descriptor of t (B, H, N, D) in (1, 1, rows, D) boxes, on t's own strides.
+    """TMA descriptor of v or dO (B, H, N, D) in boxes of `rows` rows of one head: 2-D over
+    (B*H*N, D) when t is contiguous, else 4-D on t's own strides ((1, 1, rows, D) boxes).
 
     The model hands v as a permuted view of its qkv projection and dO as a transposed view,
-    DeepSpeed's Ulysses other permutations; a contiguous copy of each (67 MB at (8,8,4096,128),
-    ~30 us) per kernel that reads it was 2-4 copies per backward. A copy is left only where TMA
-    cannot read t in place: inner stride not 1, another stride or the base not 16-byte aligned.
+    DeepSpeed's Ulysses other permutations. A contiguous copy per kernel that reads them cost
+    2-4 copies per backward (fwd+bwd in the model's layout +4% at d=64, +9% at d=128, H200);
+    4-D boxes cost the d=64 dK/dV kernel 6% where none is needed, hence 2-D for contiguous t.
+    A copy is left only where TMA cannot read t: inner stride not 1, another stride or the
+    base not 16-byte aligned.
     """
     def tma_strides(x):   # a size-1 dim's stride is never used; make it one TMA accepts
         return [s if n > 1 else x.shape[-1] for s, n in zip(x.stride(), x.shape)]
+    d = t.shape[-1]
     strides = tma_strides(t)
-    if strides[-1] != 1 or any(s * t.element_size() % 16 for s in strides[:-1]) or t.data_ptr() % 16:
+    if not t.is_contiguous() and (strides[-1] != 1 or any(s * t.element_size() % 16 for s in strides[:-1])):
+        t = t.contiguous()
+    if t.data_ptr() % 16:
         t = _tma_ready(t)
-        strides = tma_strides(t)
-    block = [1, 1, rows, t.shape[-1]]
+    if t.is_contiguous():
+        return _desc(t.reshape(-1, d), [rows, d])
+    block = [1, 1, rows, d]
     dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t.dtype]
-    return TensorDescriptor(t, list(t.shape), strides, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+    return TensorDescriptor(t, list(t.shape), tma_strides(t), block,
+                            gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
 def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,

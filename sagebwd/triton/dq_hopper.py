@@ -35,7 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .dkdv_hopper import _desc, _int8_bits, seq_desc
+from .dkdv_hopper import _desc, _int8_bits, _seq_copy, seq_desc
 
 Q_ROWS = 128    # q rows per program = block_q
 KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
@@ -55,7 +55,7 @@ def _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, 
     mbarrier.expect(bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [row0 + u * 2 * KV_ROWS, 0], bar, k_smem.index(slot))
     tma.async_copy_global_to_shared(kt_desc, [t_row0, u * 2 * KV_ROWS], bar, kt_smem.index(slot))
-    tma.async_copy_global_to_shared(v_desc, [vb, vh, u * 2 * KV_ROWS, 0], bar, v_smem.index(slot))
+    _seq_copy(v_desc, vb, vh, row0, u * 2 * KV_ROWS, bar, v_smem.index(slot))
 
 
 @gluon.jit
@@ -185,7 +185,7 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
         n_pairs = N // Q_ROWS
 
     q_smem = gl.allocate_shared_memory(gl.int8, [Q_ROWS, HEAD_DIM], q_desc.layout)
-    # v and dO come by 4-D descriptors on their own strides: (1, 1, rows, HEAD_DIM) boxes
+    # v and dO: (rows, HEAD_DIM) or, by 4-D descriptors on their own strides, (1, 1, rows, HEAD_DIM) boxes
     do_smem = gl.allocate_shared_memory(do_desc.dtype, do_desc.block_type.shape, do_desc.layout)
     k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, 2 * KV_ROWS, HEAD_DIM], k_desc.layout)
     kt_smem = gl.allocate_shared_memory(gl.int8, [STAGES, HEAD_DIM, 2 * KV_ROWS], kt_desc.layout)
@@ -201,7 +201,7 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
     q_bar = bars.index(STAGES)
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], q_bar, q_smem)
-    tma.async_copy_global_to_shared(do_desc, [vb, vh, start_m, 0], q_bar, do_smem)
+    _seq_copy(do_desc, vb, vh, row0, start_m, q_bar, do_smem)
     for i in gl.static_range(STAGES):
         if i < n_pairs:
             _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, i, row0, t_row0, vb, vh, STAGES, KV_ROWS)

@@ -90,6 +90,34 @@ def time_impl(impl: str, shape, causal: bool, mode: str) -> dict:
     return out
 
 
+def time_model_layout(impl: str, shape) -> float:
+    """Median ms of one causal fwd+bwd as the model runs it (model/attention.py): q, k, v views of
+    one (B, N, 3, H, D) qkv projection, the output reshaped to (B, N, H*D); its reshapes and the
+    stacked qkv gradient (PyTorch copies outside the attention op) included."""
+    import triton
+    b, h, n, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    grad = torch.randn(b, n, h * d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    fn = attention_fn(impl, True)
+
+    def step():
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        fn(q, k, v).transpose(1, 2).reshape(b, n, h * d).backward(grad)
+    return triton.testing.do_bench(step, grad_to_none=[qkv], return_mode="median")
+
+
+def model_layout_table(shapes) -> list[dict]:
+    rows = []
+    for shape in shapes:
+        row = {"shape": list(shape), **{impl: time_model_layout(impl, shape) for impl in ("sage", "FLASH", "CUDNN")}}
+        rows.append(row)
+        print(f"model layout {tuple(shape)} causal fwd+bwd: " + ", ".join(f"{k} {row[k]:.3f} ms"
+                                                                       for k in ("sage", "FLASH", "CUDNN")),
+              flush=True)
+    return rows
+
+
 def benchmark(shapes, quick: bool) -> list[dict]:
     rows = []
     for shape in shapes:
@@ -468,6 +496,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gluon", default=None, metavar="KERNELS",
                     help="kernels to run in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, or "
                          "all / none / default (dK/dV and dQ); without it, SAGEBWD_GLUON, else default")
+    ap.add_argument("--model-layout", action="store_true",
+                    help="causal fwd+bwd in the model's layout (q, k, v views of one qkv projection), "
+                         "its reshapes included, vs SDPA FLASH and CUDNN")
     ap.add_argument("--once", action="store_true",
                     help="run one causal fwd+bwd at each target shape and exit (for ncu and other profilers)")
     args = ap.parse_args(argv)
@@ -499,6 +530,8 @@ def main(argv=None) -> int:
     if args.kernel_times:
         result["kernel_times"] = [kernel_times(shape, mask == "causal") for shape in (args.kernel_shapes or SHAPES[:2])
                                   for mask in args.kernel_masks]
+    if args.model_layout:
+        result["model_layout"] = model_layout_table(SHAPES[:2])
     shapes = SHAPES[:1] if args.quick else SHAPES
     if not args.no_bench:
         result["bench"] = benchmark(shapes, args.quick)

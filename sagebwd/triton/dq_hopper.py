@@ -23,7 +23,7 @@ per issued instruction) and waits for each dot right after issuing it. Here:
             tile 2u+1: issue dQ_{2u}, S, dP | convert dQ_{2u} | P, dS | exchange | scales, dS^
 
 Measured on an H200 (docs/kernel-notes.md, v19): (8,8,4096,128) dQ 1.00 -> 0.92 ms causal,
-1.80 -> 1.55 ms without a mask; at d=64 it was 10-14% slower than the Triton kernel (191
+1.80 -> 1.55 ms without a mask; at d=64 it was 8-14% slower than the Triton kernel (191
 registers: one program of 8 warps per SM, where the Triton kernel fits two at 128 registers;
 capped at 128 here it spills), so there the Triton kernel runs.
 Limits (else backward.py runs): head_dim 128, block_q 128, block_kv 64, no Q-smoothing.

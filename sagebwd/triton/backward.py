@@ -380,7 +380,7 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
     if "dq" in gluon and dq_hopper.supports(head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
         grid, args, kwargs = dq_hopper.launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales,
                                                    causal=causal)
-        launch("dq", dq_hopper._dq_kernel, grid, *args, **{**kwargs, **launch_settings("dq", kwargs)})
+        launch("dq", dq_hopper._dq_kernel, grid, *args, **kwargs)   # its own settings: not the sweep's
     else:
         launch("dq", _dq_kernel, (n // block_q, b * h),
             q8, s_q, k8, k8t, s_k, v, do, lse2, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,

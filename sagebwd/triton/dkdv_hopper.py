@@ -403,11 +403,12 @@ def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> b
     return head_dim in (64, 128) and block_q == 2 * SLICE and block_kv == ROWS and not smooth_q
 
 
-def _desc(t2d, block):
+def _desc(t, block, strides=None):
+    """TMA descriptor of t in `block` boxes, on t's strides unless given."""
     dtype = {torch.int8: gl.int8, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
-             torch.float32: gl.float32}[t2d.dtype]
+             torch.float32: gl.float32}[t.dtype]
     layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-    return TensorDescriptor(t2d, list(t2d.shape), list(t2d.stride()), block, layout)
+    return TensorDescriptor(t, list(t.shape), strides or list(t.stride()), block, layout)
 
 
 def _tma_ready(t):
@@ -428,20 +429,14 @@ def seq_desc(t, rows: int):
     A copy is left only where TMA cannot read t: inner stride not 1, another stride or the
     base not 16-byte aligned.
     """
-    def tma_strides(x):   # a size-1 dim's stride is never used; make it one TMA accepts
-        return [s if n > 1 else x.shape[-1] for s, n in zip(x.stride(), x.shape)]
-    d = t.shape[-1]
-    strides = tma_strides(t)
-    if not t.is_contiguous() and (strides[-1] != 1 or any(s * t.element_size() % 16 for s in strides[:-1])):
-        t = t.contiguous()
-    if t.data_ptr() % 16:
+    # a size-1 dim's stride is never used; give it one TMA accepts
+    strides = [s if n > 1 else t.shape[-1] for s, n in zip(t.stride(), t.shape)]
+    if strides[-1] != 1 or any(s * t.element_size() % 16 for s in strides[:-1]) or t.data_ptr() % 16:
         t = _tma_ready(t)
+    d = t.shape[-1]
     if t.is_contiguous():
         return _desc(t.reshape(-1, d), [rows, d])
-    block = [1, 1, rows, d]
-    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t.dtype]
-    return TensorDescriptor(t, list(t.shape), tma_strides(t), block,
-                            gl.NVMMASharedLayout.get_default_for(block, dtype))
+    return _desc(t, [1, 1, rows, d], strides)
 
 
 def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,

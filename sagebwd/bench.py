@@ -307,7 +307,7 @@ def diagnose(shape=(1, 2, 4096, 64), dtype=torch.bfloat16, causal=False) -> dict
     k8, _, s_k, _ = kq.quantize_blocks(k, 64, mean=k_mean)
     _, v8t, s_v, _ = kq.quantize_blocks(v, 64, rows=False, cols=True)
     out = {"q8_mismatch": int((q8.float() != saved.q_hat).sum()), "k8_mismatch": int((k8.float() != saved.k_hat).sum()),
-           "v8_mismatch": int((v8t.transpose(-1, -2).float() != v_hat_sim).sum()),
+           "v8_mismatch": int((_common.from_k_order(v8t).transpose(-1, -2).float() != v_hat_sim).sum()),
            "s_q_equal": bool(torch.equal(s_q, saved.s_q)), "s_k_equal": bool(torch.equal(s_k, saved.s_k)),
            "s_v_equal": bool(torch.equal(s_v, s_v_sim)),
            "k_mean_maxdiff": float((k_mean.view(shape[0], shape[1], -1).cpu() - k.float().cpu().mean(-2)).abs().max())}

@@ -135,10 +135,31 @@ def _opcheck_case() -> dict:
     return {"name": "opcheck", "ok": True}
 
 
+def _k_order_case() -> dict:
+    """The transposed INT8 copies (quantiser: Q^T, K^T, V^T; backward preprocess: dO^T) hold the
+    row copy's values with the sequence in k order (the kernels' B operands)."""
+    import torch
+    from sagebwd.triton import quantize as kq
+    from sagebwd.triton._common import from_k_order, k_order_index
+
+    gen = torch.Generator().manual_seed(11)
+    x, do, o = [torch.randn(1, 2, 256, 64, generator=gen).half() for _ in range(3)]
+    rows, cols, _, _ = kq.quantize_blocks(x, 64, cols=True)
+    do_rows, _, do_scale, _ = kq.quantize_blocks(do, 128)
+    _, _, do_cols, do_cols_scale = kq.backward_preprocess(do, o, torch.zeros(1, 2, 256), 128)
+    return {"name": "k_order",
+            "index_head": k_order_index(16).tolist(),
+            "cols_differ": bool(torch.equal(cols, rows.transpose(-1, -2))),
+            "cols": bool(torch.equal(from_k_order(cols), rows.transpose(-1, -2))),
+            "do_cols": bool(torch.equal(from_k_order(do_cols), do_rows.transpose(-1, -2)))
+            and bool(torch.equal(do_scale, do_cols_scale))}
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run through the tests (they set TRITON_INTERPRET=1)"
     for case in CASES:
         print(json.dumps(_run_case(*case)), flush=True)
+    print(json.dumps(_k_order_case()), flush=True)
     print(json.dumps(_compile_case()), flush=True)
     print(json.dumps(_opcheck_case()), flush=True)
 
@@ -172,6 +193,14 @@ def test_compiles_fullgraph(results):
 
 def test_opcheck(results):
     assert results["opcheck"]["ok"]
+
+
+def test_transposed_copies_are_in_k_order(results):
+    r = results["k_order"]
+    # stored position 4t + 2h + p holds sequence index 8h + 2t + p
+    assert r["index_head"] == [8 * h + 2 * t + p for t in range(4) for h in range(2) for p in range(2)]
+    assert r["cols"] and r["do_cols"], r
+    assert not r["cols_differ"], "the copy is a plain transpose: not k-ordered"
 
 
 if __name__ == "__main__":

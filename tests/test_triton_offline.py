@@ -72,7 +72,9 @@ def test_loop_mix_counts_one_exp_per_score_element(gluon):
     backward loops evaluate exp2 once per score element, the forward once plus its per-row
     rescale; a kernel that computed P twice, or a loop model with the wrong elements per trip,
     would show here. The Gluon kernels too: their mbarrier waits' out-of-line retry paths must
-    not be taken for the main loop."""
+    not be taken for the main loop. And no lane shuffles (SHFL.IDX) move P^ or dS^ from the
+    accumulator into the A operand of their INT8 dots: the B copies are in k order
+    (_common.to_k_order); without it each loop has 0.25 per quantised element."""
     rows = offline.loop_mix_report((64, 128), gluon=gluon)
     by_kernel = {(r["head_dim"], r["kernel"]): r for r in rows}
     assert {(64, "forward"), (64, "dq"), (64, "dkdv"), (128, "dv"), (128, "dk")} <= set(by_kernel)
@@ -84,6 +86,7 @@ def test_loop_mix_counts_one_exp_per_score_element(gluon):
         else:
             assert exp == pytest.approx(1.0), (d, name, exp)
         assert 5 < r["per_element"] < 60
+        assert r["by_opcode"].get("SHFL.IDX", 0.0) == 0.0, (d, name, r["by_opcode"])
         assert r["tensor_ms"] > 0 and r["issue_ms"] > 0
 
 

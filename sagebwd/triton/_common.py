@@ -182,6 +182,41 @@ def round_scaled_to_int8(x, inv, LO: tl.constexpr, HI: tl.constexpr):
     return magic_to_int8(y)
 
 
+# Sequence order of the transposed (B, H, D, N) copies Q^T, K^T, V^T, dO^T ("k order"): within
+# each 16 positions, stored position 4t + 2h + p holds sequence index 8h + 2t + p (t < 4; h, p < 2).
+# That is the order in which a Hopper wgmma (or mma.sync) accumulator gives thread t of a quad the
+# columns of its row, and the A operand of an INT8 dot wants 4 consecutive k per thread: with the
+# B operand's rows (these copies) in k order, P^ and dS^ go from the accumulator into the A operand
+# inside each thread, by the same permutation of their columns (to_k_order), instead of through
+# byte shuffles between lanes (SHFL, SEL, PRMT: 0.75 instructions per quantised element).
+# FlashAttention-3 permutes its FP8 V for the same reason. The product is unchanged: both sides
+# of the reduction are permuted alike.
+K_ORDER_GROUP = tl.constexpr(16)
+
+
+@triton.jit
+def to_k_order(x):
+    """x (R, C) with its columns permuted into k order (C a multiple of 16): column 16g + 4t + 2h + p
+    of the result is column 16g + 8h + 2t + p of x."""
+    R: tl.constexpr = x.shape[0]
+    C: tl.constexpr = x.shape[1]
+    return tl.reshape(tl.permute(tl.reshape(x, [R, C // 16, 2, 4, 2]), [0, 1, 3, 2, 4]), [R, C])
+
+
+def k_order_index(n: int, device=None):
+    """The sequence index stored at each of the n positions of a k-ordered copy (n a multiple of 16):
+    ``copy[..., i] = x[..., k_order_index(n)[i]]``."""
+    import torch
+    return torch.arange(n, device=device).reshape(n // 16, 2, 4, 2).permute(0, 2, 1, 3).reshape(n)
+
+
+def from_k_order(copy):
+    """A k-ordered (..., D, N) copy back in sequence order (for checks against the simulation)."""
+    out = copy.clone()
+    out[..., k_order_index(copy.shape[-1], copy.device)] = copy
+    return out
+
+
 @triton.jit
 def int_to_float(x):
     """fp32 of an int32 dot result (exact: INT8 dots here stay below 127 * 127 * 256 < 2**24).

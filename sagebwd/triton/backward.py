@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._common import (LAUNCH_OVERRIDES, LOG2E, block_scales, gluon_kernels, int_to_float, interpreting, launch,
-                      launch_settings, round_scaled_to_int8)
+                      launch_settings, round_scaled_to_int8, to_k_order)
 from . import dkdv_hopper, dq_hopper
 from .forward import smooth_q_bias
 
@@ -83,7 +83,7 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
         ds_scale, ds_inv = block_scales(ds_amax)
         tl.store(TS_row + j * 4 + slot,
                  tl.where(slot == 0, p_scale, tl.where(slot == 1, p_inv, tl.where(slot == 2, ds_scale, ds_inv))))
-        ds8 = round_scaled_to_int8(ds, ds_inv, -128, 128)   # inv is this tile's own: no clamp
+        ds8 = to_k_order(round_scaled_to_int8(ds, ds_inv, -128, 128))   # own inv: no clamp; K^T in k order
         k8_cols = tl.trans(tl.load(K8T_bh + offs_d[:, None] * N + offs_n[None, :]))
         dq += int_to_float(tl.dot(ds8, k8_cols, out_dtype=tl.int32)) * (ds_scale * k_scale)
     return dq
@@ -200,7 +200,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             # amax that would round past 127. dS gets a clamp: dP's two orientations sum in
             # different orders, and where dP - delta cancels, that difference is all of dS.
             if PASS != DK_ONLY:
-                p8_t = round_scaled_to_int8(p_t, p_inv, -128, 128)
+                p8_t = to_k_order(round_scaled_to_int8(p_t, p_inv, -128, 128))
                 if CHAIN:
                     do8 = tl.trans(tl.load(DO8T_bh + offs_d[:, None] * N + offs_m[None, :]))
                     dv_int = tl.dot(p8_t, do8, dv_int, out_dtype=tl.int32)
@@ -214,7 +214,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                 do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
                 dp_t = _dot16(v, tl.trans(do), DOT_F32)
                 ds_t = p_t * (dp_t - tl.load(DELTA_bh + offs_m)[None, :])
-                ds8_t = round_scaled_to_int8(ds_t, ds_inv, -127, 127)
+                ds8_t = to_k_order(round_scaled_to_int8(ds_t, ds_inv, -127, 127))
                 if CHAIN:
                     q8_cols = tl.trans(tl.load(Q8T_bh + offs_d[:, None] * N + offs_m[None, :]))
                     dk_int = tl.dot(ds8_t, q8_cols, dk_int, out_dtype=tl.int32)

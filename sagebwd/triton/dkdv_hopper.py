@@ -125,6 +125,17 @@ def _int8_bits(x, inv, LO: gl.constexpr, HI: gl.constexpr):
 
 
 @gluon.jit
+def as_a_operand(x, op_layout: gl.constexpr):
+    """int8 x (rows, cols) in a wgmma accumulator layout as the A operand of an INT8 wgmma whose B
+    operand is a k-ordered copy: _common.to_k_order's column permutation, after which each thread
+    already holds its operand bytes (asserted: the conversion moves no data between threads)."""
+    R: gl.constexpr = x.shape[0]
+    C: gl.constexpr = x.shape[1]
+    y = gl.reshape(gl.permute(gl.reshape(x, [R, C // 16, 2, 4, 2]), [0, 1, 3, 2, 4]), [R, C])
+    return gl.convert_layout(y, op_layout, assert_trivial=True)
+
+
+@gluon.jit
 def _slice_probs(st, qk_scale, lse, offs_q, offs_kv, MASK: gl.constexpr):
     p = gl.exp2(st.to(gl.float32) * qk_scale - lse[None, :])
     if MASK:
@@ -180,7 +191,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
             st_a = warpgroup_mma_wait(1, deps=[st_a])
             p_a = _slice_probs(st_a, qk_scale, _slice_vector(lse_smem, slot, 0, col, SLICE, PASS), offs_a, offs_kv,
                                MASK_A)
-            p8_a = gl.convert_layout(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
+            p8_a = as_a_operand(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
             dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
                                    is_async=True)
             st_b = warpgroup_mma_wait(1, deps=[st_b])
@@ -188,7 +199,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
             st_b = warpgroup_mma_wait(0, deps=[st_b])
         p_b = _slice_probs(st_b, qk_scale, _slice_vector(lse_smem, slot, 1, col, SLICE, PASS), offs_b, offs_kv,
                            MASK_B)
-        p8_b = gl.convert_layout(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
+        p8_b = as_a_operand(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
         if HAS_A:
             dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), dv_int, is_async=True)
         else:
@@ -205,13 +216,13 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
             lse_a = _slice_vector(lse_smem, slot, 0, col, SLICE, PASS)
             p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A)
             if PASS == BOTH:
-                p8_a = gl.convert_layout(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
+                p8_a = as_a_operand(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
                 dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
                                        is_async=True)
             dpt_a = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_a])
             delta_a = _slice_vector(delta_smem, slot, 0, col, SLICE, PASS)
             ds_a = p_a * (gl.convert_layout(dpt_a, s_layout) - delta_a[None, :])
-            ds8_a = gl.convert_layout(_int8_bits(ds_a, ds_inv, -127, 127).to(gl.int8), op_layout)
+            ds8_a = as_a_operand(_int8_bits(ds_a, ds_inv, -127, 127).to(gl.int8), op_layout)
             dk_int = warpgroup_mma(ds8_a, qt_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
                                    is_async=True)
         if PASS != BOTH:
@@ -231,7 +242,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         lse_b = _slice_vector(lse_smem, slot, 1, col, SLICE, PASS)
         p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B)
         if PASS == BOTH:
-            p8_b = gl.convert_layout(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
+            p8_b = as_a_operand(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
             if HAS_A:
                 dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), dv_int, is_async=True)
             else:
@@ -240,7 +251,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         dpt_b = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_b])
         delta_b = _slice_vector(delta_smem, slot, 1, col, SLICE, PASS)
         ds_b = p_b * (gl.convert_layout(dpt_b, s_layout) - delta_b[None, :])
-        ds8_b = gl.convert_layout(_int8_bits(ds_b, ds_inv, -127, 127).to(gl.int8), op_layout)
+        ds8_b = as_a_operand(_int8_bits(ds_b, ds_inv, -127, 127).to(gl.int8), op_layout)
         if HAS_A:
             dk_int = warpgroup_mma(ds8_b, qt_smem.index(2 * slot + 1).permute((1, 0)), dk_int, is_async=True)
         else:

@@ -35,7 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .dkdv_hopper import _desc, _int8_bits, _seq_copy, seq_desc
+from .dkdv_hopper import _desc, _int8_bits, _seq_copy, as_a_operand, seq_desc
 
 Q_ROWS = 128    # q rows per program = block_q
 KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
@@ -92,7 +92,7 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
     dq with scale_prev; REFILL: then TMA pair `refill` (if < n_pairs) into the slot that product
     read. Returns dq, tile j's dS^ bits and its dQ scale."""
     if not FIRST:
-        ds8 = gl.convert_layout(ds_prev.to(gl.int8), op_layout)
+        ds8 = as_a_operand(ds_prev.to(gl.int8), op_layout)
         dq_tok = warpgroup_mma(ds8, kt_prev.permute((1, 0)), gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout),
                                use_acc=False, is_async=True)
     s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.int32, s_layout),
@@ -250,7 +250,7 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
             SK_bh, TS_row, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
             KV_ROWS, HEAD_DIM, True, True)
     # the last tile's product
-    dq_int = warpgroup_mma(gl.convert_layout(ds_bits.to(gl.int8), op_layout),
+    dq_int = warpgroup_mma(as_a_operand(ds_bits.to(gl.int8), op_layout),
                            kt_smem.index(slot).slice(KV_ROWS, KV_ROWS, dim=1).permute((1, 0)),
                            gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout), use_acc=False)
     dq += dq_int.to(gl.float32) * scale

@@ -27,6 +27,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .dkdv_hopper import as_a_operand
+
 G_LOG2E = gl.constexpr(1.4426950408889634)
 G_LN2 = gl.constexpr(0.6931471805599453)
 G_MAGIC_F = gl.constexpr(12582912.0)        # 1.5 * 2**23: see _common.MAGIC_F
@@ -72,7 +74,7 @@ def _step(j, n_tiles, acc, l_i, m_i, alpha, c, p8, q_smem, k_smem, v_smem, bars,
     slot = j % STAGES
     mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
     s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    pv_tok = warpgroup_mma(gl.convert_layout(p8.to(gl.int8), p_layout),
+    pv_tok = warpgroup_mma(as_a_operand(p8.to(gl.int8), p_layout),
                            v_smem.index((j - 1) % STAGES).permute((1, 0)), zero_o, use_acc=False, is_async=True)
     scale = q_scale * gl.load(SK_bh + j)
     sv = gl.load(SV_bh + j)
@@ -166,7 +168,7 @@ def _forward_kernel(q_desc, k_desc, v_desc, SQ, SK, SV, O, LSE, sm_scale, N,
                 v_desc, k_row0, v_row0, q_scale, SK_bh, SV_bh, offs_m, offs_n, zero_s, zero_o,
                 BLOCK_N, STAGES, p_layout, row_o, True)
 
-    pv = warpgroup_mma(gl.convert_layout(p8.to(gl.int8), p_layout),
+    pv = warpgroup_mma(as_a_operand(p8.to(gl.int8), p_layout),
                        v_smem.index((n_tiles - 1) % STAGES).permute((1, 0)), zero_o, use_acc=False)
     acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv.to(gl.float32) * gl.convert_layout(c, row_o)[:, None]
     for i in gl.static_range(STAGES + 1):

@@ -5,6 +5,8 @@ Layouts written (all contiguous, int8 unless said):
   cols  (B, H, D, N): a sequence-contiguous copy for matmuls that reduce over the sequence
         (P V, P^T dO, dS K, dS^T Q). Hopper's INT8 wgmma takes both operands K-major
         (contiguous along the reduction); any other layout costs a transpose per tile.
+        Its sequence positions are in k order within each 16 (_common.to_k_order), so that the
+        kernels hand P^ and dS^ from the accumulator to the dot without lane shuffles.
   scale (B, H, N / block) fp32, one per block of rows.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LOG2E, interpreting, launch, quantize_tile
+from ._common import LOG2E, interpreting, launch, quantize_tile, to_k_order
 
 
 @triton.jit
@@ -41,7 +43,7 @@ def _quantize_blocks_kernel(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN,
     if WRITE_ROWS:
         tl.store(ROWS + out + offs_n[:, None] * HEAD_DIM + offs_d[None, :], x8)
     if WRITE_COLS:
-        tl.store(COLS + out + offs_d[:, None] * N + offs_n[None, :], tl.trans(x8))
+        tl.store(COLS + out + offs_d[:, None] * N + offs_n[None, :], to_k_order(tl.trans(x8)))
 
 
 @triton.jit
@@ -50,7 +52,8 @@ def _backward_preprocess_kernel(DO, O, LSE, DELTA, LSE2, DO_COLS, DO_SCALE,
                                 stride_ob, stride_oh, stride_on, stride_od, H, N,
                                 BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
     """delta = rowsum(dO * O) (fp32), the LSE in base 2 (the backward's exp2 takes it as is,
-    instead of one multiply per score-tile column) and the per-block INT8 dO, sequence-contiguous."""
+    instead of one multiply per score-tile column) and the per-block INT8 dO, sequence-contiguous
+    in k order."""
     blk = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -65,7 +68,8 @@ def _backward_preprocess_kernel(DO, O, LSE, DELTA, LSE2, DO_COLS, DO_SCALE,
     tl.store(LSE2 + bh * N + offs_n, tl.load(LSE + bh * N + offs_n) * LOG2E)
     do8, scale = quantize_tile(do)
     tl.store(DO_SCALE + bh * (N // BLOCK) + blk, scale)
-    tl.store(DO_COLS + bh.to(tl.int64) * N * HEAD_DIM + offs_d[:, None] * N + offs_n[None, :], tl.trans(do8))
+    tl.store(DO_COLS + bh.to(tl.int64) * N * HEAD_DIM + offs_d[:, None] * N + offs_n[None, :],
+             to_k_order(tl.trans(do8)))
 
 
 def _warps(block: int, head_dim: int) -> int:
@@ -88,7 +92,8 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
 
     mean: (B*H, D) fp32 subtracted from every row first (K-smoothing).
     smooth_block: subtract each block's own row mean (Q-smoothing); returned as (B, H, N/block, D).
-    Returns (rows int8 (B,H,N,D) or None, cols int8 (B,H,D,N) or None, scale (B,H,N/block), block_mean or None).
+    Returns (rows int8 (B,H,N,D) or None, cols int8 (B,H,D,N) in k order or None, scale (B,H,N/block),
+    block_mean or None).
     """
     b, h, n, d = x.shape
     assert n % block == 0, f"sequence length {n} is not a multiple of the block {block}"
@@ -107,7 +112,8 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
 
 
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int):
-    """Returns (delta (B,H,N) fp32, LSE * log2(e) (B,H,N) fp32, dO int8 (B,H,D,N), dO scales (B,H,N/block_q))."""
+    """Returns (delta (B,H,N) fp32, LSE * log2(e) (B,H,N) fp32, dO int8 (B,H,D,N) in k order, dO scales
+    (B,H,N/block_q))."""
     b, h, n, d = do.shape
     delta = torch.empty(b, h, n, device=do.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)

@@ -48,6 +48,9 @@ STAGES = 2      # q blocks in flight
 # SM, two would leave one. With each slice refilled as soon as it is done (v18), one stage is the
 # faster at every length measured, causal or not (docs/kernel-notes.md, v17-v18).
 STAGES_DK128 = 1
+# The dK pass at d=128 refills each slice's buffers as soon as that slice is done (per-slice copies),
+# the other passes load a whole q block per copy.
+DK_BLOCKED = False
 
 
 @gluon.jit
@@ -62,55 +65,78 @@ def _seq_copy(desc, vb, vh, row0, row, bar, dest):
 
 @gluon.jit
 def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
-                lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, vb, vh, STAGES: gl.constexpr, SLICE: gl.constexpr):
-    """The d=64 (PASS = BOTH) kernel's loads: all of q block `blk` on one barrier, LSE and delta as
-    one copy each (per-slice barriers measured 6% slower there: more registers and barriers)."""
+                lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, vb, vh, STAGES: gl.constexpr,
+                SLICE: gl.constexpr, PASS: gl.constexpr):
+    """TMA of all of q block `blk` into ring slot r % STAGES on one barrier, each tensor as one copy of
+    the whole block: Q^ and LSE, dO^T for dV, dO, Q^T and delta for dK. (A Gluon kernel that is not
+    warp specialised puts a CTA barrier and ~13 instructions at every copy: at d=64 per-slice copies
+    were 16% of the loop's instructions; per-slice barriers measured 6% slower there.)"""
     slot = r % STAGES
     bar = bars.index(2 * slot)
-    mbarrier.expect(bar, 2 * (q_desc.block_type.nbytes + do_desc.block_type.nbytes + qt_desc.block_type.nbytes
-                              + dot_desc.block_type.nbytes) + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-    for h in gl.static_range(2):
-        row = blk * 2 * SLICE + h * SLICE
-        tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(2 * slot + h))
-        _seq_copy(do_desc, vb, vh, q_row0, row, bar, do_smem.index(2 * slot + h))
-        tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(2 * slot + h))
-        tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(2 * slot + h))
-    tma.async_copy_global_to_shared(lse_desc, [q_row0 + blk * 2 * SLICE], bar, lse_smem.index(slot))
-    tma.async_copy_global_to_shared(delta_desc, [q_row0 + blk * 2 * SLICE], bar, delta_smem.index(slot))
-
-
-@gluon.jit
-def _slice_vector(smem, slot, h, col: gl.constexpr, SLICE: gl.constexpr, PASS: gl.constexpr):
-    """LSE or delta of slice h: a block row of [STAGES, 2*SLICE] (BOTH) or a slice row of [2*STAGES, SLICE]."""
-    if PASS == BOTH:
-        vector = smem.index(slot).slice(h * SLICE, SLICE).load(col)
-    else:
-        vector = smem.index(2 * slot + h).load(col)
-    return vector
-
-
-@gluon.jit
-def _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
-                lse_smem, delta_smem, bars, r, blk, h, q_row0, t_row0, vb, vh, STAGES: gl.constexpr,
-                SLICE: gl.constexpr, PASS: gl.constexpr):
-    """TMA of slice h of q block `blk` into ring slot r % STAGES, on its own barrier: Q^ and LSE, and
-    what the pass needs of dO^T (dV) and dO, Q^T, delta (dK). A slice's buffers are refilled as
-    soon as its own last wgmma is done (the other slice of the block may still be running)."""
-    i = 2 * (r % STAGES) + h
-    bar = bars.index(i)
     dv_bytes: gl.constexpr = dot_desc.block_type.nbytes if PASS != DK_ONLY else 0
     dk_bytes: gl.constexpr = (do_desc.block_type.nbytes + qt_desc.block_type.nbytes
                               + delta_desc.block_type.nbytes) if PASS != DV_ONLY else 0
     mbarrier.expect(bar, q_desc.block_type.nbytes + lse_desc.block_type.nbytes + dv_bytes + dk_bytes)
+    row = blk * 2 * SLICE
+    tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(slot))
+    if PASS != DV_ONLY:
+        _seq_copy(do_desc, vb, vh, q_row0, row, bar, do_smem.index(slot))
+    tma.async_copy_global_to_shared(lse_desc, [q_row0 + row], bar, lse_smem.index(slot))
+    if PASS != DK_ONLY:
+        tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(slot))
+    if PASS != DV_ONLY:
+        tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(slot))
+        tma.async_copy_global_to_shared(delta_desc, [q_row0 + row], bar, delta_smem.index(slot))
+
+
+@gluon.jit
+def _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem, delta_smem,
+                bars, r, blk, h, q_row0, t_row0, vb, vh, STAGES: gl.constexpr, SLICE: gl.constexpr):
+    """The dK pass (DK_ONLY): TMA of slice h of q block `blk` into ring slot r % STAGES, on its own
+    barrier (Q^, LSE, dO, Q^T, delta). A slice's buffers are refilled as soon as its own last
+    wgmma is done (the other slice of the block may still be running)."""
+    i = 2 * (r % STAGES) + h
+    bar = bars.index(i)
+    mbarrier.expect(bar, q_desc.block_type.nbytes + lse_desc.block_type.nbytes + do_desc.block_type.nbytes
+                    + qt_desc.block_type.nbytes + delta_desc.block_type.nbytes)
     row = blk * 2 * SLICE + h * SLICE
     tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(i))
     tma.async_copy_global_to_shared(lse_desc, [q_row0 + row], bar, lse_smem.index(i))
-    if PASS != DV_ONLY:
-        _seq_copy(do_desc, vb, vh, q_row0, row, bar, do_smem.index(i))
-        tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(i))
-        tma.async_copy_global_to_shared(delta_desc, [q_row0 + row], bar, delta_smem.index(i))
-    if PASS != DK_ONLY:
-        tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(i))
+    _seq_copy(do_desc, vb, vh, q_row0, row, bar, do_smem.index(i))
+    tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(i))
+    tma.async_copy_global_to_shared(delta_desc, [q_row0 + row], bar, delta_smem.index(i))
+
+
+@gluon.jit
+def _rows(smem, slot, h, SLICE: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCKED: gl.constexpr):
+    """Slice h of ring slot `slot` as [SLICE, HEAD_DIM] rows (Q^ or dO): part of a block copy
+    (BLOCKED: [ring, 2*SLICE, D]) or a slice copy of its own ([2*ring, SLICE, D]); dO buffers may
+    be 4-D boxes (1, 1, rows, D)."""
+    if BLOCKED:
+        view = smem.index(slot).reshape([2 * SLICE, HEAD_DIM]).slice(h * SLICE, SLICE, dim=0)
+    else:
+        view = smem.index(2 * slot + h).reshape([SLICE, HEAD_DIM])
+    return view
+
+
+@gluon.jit
+def _cols(smem, slot, h, SLICE: gl.constexpr, BLOCKED: gl.constexpr):
+    """Slice h of ring slot `slot` of a sequence-contiguous copy (Q^T, dO^T) as [D, SLICE]."""
+    if BLOCKED:
+        view = smem.index(slot).slice(h * SLICE, SLICE, dim=1)
+    else:
+        view = smem.index(2 * slot + h)
+    return view
+
+
+@gluon.jit
+def _slice_vector(smem, slot, h, col: gl.constexpr, SLICE: gl.constexpr, BLOCKED: gl.constexpr):
+    """LSE or delta of slice h: a block row of [STAGES, 2*SLICE] (BLOCKED) or a slice row of [2*STAGES, SLICE]."""
+    if BLOCKED:
+        vector = smem.index(slot).slice(h * SLICE, SLICE).load(col)
+    else:
+        vector = smem.index(2 * slot + h).load(col)
+    return vector
 
 
 @gluon.jit
@@ -160,8 +186,8 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
              q_scale, s_do, p_scale, p_inv, ds_scale, ds_inv, k_scale, qk_const, next_blk, SQ_bh, SDO_bh, TS_col, N,
              s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
              op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, KV_BLOCK: gl.constexpr,
-             HEAD_DIM: gl.constexpr, PASS: gl.constexpr, HAS_A: gl.constexpr, MASK_A: gl.constexpr,
-             MASK_B: gl.constexpr):
+             HEAD_DIM: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr,
+             MASK_A: gl.constexpr, MASK_B: gl.constexpr):
     """dV, dK after q block `blk` (ring slot r). Slice a (rows 0-63 of the block) runs only if
     HAS_A; MASK_* apply the causal mask (the slice holding the diagonal); PASS: BOTH, DV_ONLY or
     DK_ONLY (the other accumulator is returned unchanged)."""
@@ -182,80 +208,78 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         # Both S slices first: slice b's runs on the tensor cores while slice a's P is made.
         mbarrier.wait(bars.index(2 * slot), phase)   # also when slice a is unused: it must land before its refill
         if HAS_A:
-            st_a = warpgroup_mma(k_smem, q_smem.index(2 * slot).permute((1, 0)), zero_s, use_acc=False,
-                                 is_async=True)
-        mbarrier.wait(bars.index(2 * slot + 1), phase)
-        st_b = warpgroup_mma(k_smem, q_smem.index(2 * slot + 1).permute((1, 0)), zero_s, use_acc=False,
+            st_a = warpgroup_mma(k_smem, _rows(q_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s,
+                                 use_acc=False, is_async=True)
+        st_b = warpgroup_mma(k_smem, _rows(q_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s, use_acc=False,
                              is_async=True)
         if HAS_A:
             st_a = warpgroup_mma_wait(1, deps=[st_a])
-            p_a = _slice_probs(st_a, qk_scale, _slice_vector(lse_smem, slot, 0, col, SLICE, PASS), offs_a, offs_kv,
+            p_a = _slice_probs(st_a, qk_scale, _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED), offs_a, offs_kv,
                                MASK_A)
             p8_a = as_a_operand(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
-            dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
+            dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc, use_acc=False,
                                    is_async=True)
             st_b = warpgroup_mma_wait(1, deps=[st_b])
         else:
             st_b = warpgroup_mma_wait(0, deps=[st_b])
-        p_b = _slice_probs(st_b, qk_scale, _slice_vector(lse_smem, slot, 1, col, SLICE, PASS), offs_b, offs_kv,
+        p_b = _slice_probs(st_b, qk_scale, _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED), offs_b, offs_kv,
                            MASK_B)
         p8_b = as_a_operand(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
         if HAS_A:
-            dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), dv_int, is_async=True)
+            dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), dv_int, is_async=True)
         else:
-            dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), zero_acc, use_acc=False,
+            dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc, use_acc=False,
                                    is_async=True)
     else:
         mbarrier.wait(bars.index(2 * slot), phase)
         if HAS_A:
-            st_a = warpgroup_mma(k_smem, q_smem.index(2 * slot).permute((1, 0)), zero_s, use_acc=False,
+            st_a = warpgroup_mma(k_smem, _rows(q_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s, use_acc=False,
                                  is_async=True)
-            dpt_a = warpgroup_mma(v_tile, do_smem.index(2 * slot).reshape([SLICE, HEAD_DIM]).permute((1, 0)),
+            dpt_a = warpgroup_mma(v_tile, _rows(do_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)),
                                   zero_dp, use_acc=False, is_async=True)
             st_a = warpgroup_mma_wait(1, deps=[st_a])
-            lse_a = _slice_vector(lse_smem, slot, 0, col, SLICE, PASS)
+            lse_a = _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED)
             p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A)
             if PASS == BOTH:
                 p8_a = as_a_operand(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
-                dv_int = warpgroup_mma(p8_a, dot_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
+                dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc, use_acc=False,
                                        is_async=True)
             dpt_a = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_a])
-            delta_a = _slice_vector(delta_smem, slot, 0, col, SLICE, PASS)
+            delta_a = _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED)
             ds_a = p_a * (gl.convert_layout(dpt_a, s_layout) - delta_a[None, :])
             ds8_a = as_a_operand(_int8_bits(ds_a, ds_inv, -127, 127).to(gl.int8), op_layout)
-            dk_int = warpgroup_mma(ds8_a, qt_smem.index(2 * slot).permute((1, 0)), zero_acc, use_acc=False,
+            dk_int = warpgroup_mma(ds8_a, _cols(qt_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc, use_acc=False,
                                    is_async=True)
-        if PASS != BOTH:
+        if not BLOCKED:
             mbarrier.wait(bars.index(2 * slot + 1), phase)
-        st_b = warpgroup_mma(k_smem, q_smem.index(2 * slot + 1).permute((1, 0)), zero_s, use_acc=False,
+        st_b = warpgroup_mma(k_smem, _rows(q_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s, use_acc=False,
                              is_async=True)
-        dpt_b = warpgroup_mma(v_tile, do_smem.index(2 * slot + 1).reshape([SLICE, HEAD_DIM]).permute((1, 0)),
+        dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)),
                               zero_dp, use_acc=False, is_async=True)
         st_b = warpgroup_mma_wait(1, deps=[st_b])
         # dK pass: slice a's wgmmas are all done (issued before S_b): refill its buffers now, so
         # with one pipeline stage the next block's first half loads during this one's second half
         # (at d=64 the early refill measured no better and costs registers: both refill at the end)
-        if PASS == DK_ONLY and r + STAGES < n_blocks:
-            _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, vb, vh,
-                        STAGES, SLICE, PASS)
-        lse_b = _slice_vector(lse_smem, slot, 1, col, SLICE, PASS)
+        if not BLOCKED and r + STAGES < n_blocks:
+            _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
+                        delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, vb, vh, STAGES, SLICE)
+        lse_b = _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED)
         p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B)
         if PASS == BOTH:
             p8_b = as_a_operand(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
             if HAS_A:
-                dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), dv_int, is_async=True)
+                dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), dv_int, is_async=True)
             else:
-                dv_int = warpgroup_mma(p8_b, dot_smem.index(2 * slot + 1).permute((1, 0)), zero_acc,
+                dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc,
                                        use_acc=False, is_async=True)
         dpt_b = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_b])
-        delta_b = _slice_vector(delta_smem, slot, 1, col, SLICE, PASS)
+        delta_b = _slice_vector(delta_smem, slot, 1, col, SLICE, BLOCKED)
         ds_b = p_b * (gl.convert_layout(dpt_b, s_layout) - delta_b[None, :])
         ds8_b = as_a_operand(_int8_bits(ds_b, ds_inv, -127, 127).to(gl.int8), op_layout)
         if HAS_A:
-            dk_int = warpgroup_mma(ds8_b, qt_smem.index(2 * slot + 1).permute((1, 0)), dk_int, is_async=True)
+            dk_int = warpgroup_mma(ds8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), dk_int, is_async=True)
         else:
-            dk_int = warpgroup_mma(ds8_b, qt_smem.index(2 * slot + 1).permute((1, 0)), zero_acc, use_acc=False,
+            dk_int = warpgroup_mma(ds8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc, use_acc=False,
                                    is_async=True)
     nxt = _load_scales(next_blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK)
     if PASS == BOTH:
@@ -270,18 +294,13 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         dk_int = warpgroup_mma_wait(0, deps=[dk_int])
         dk += dk_int.to(gl.float32) * dk_scale
     if r + STAGES < n_blocks:   # the slot is free again (in the dK pass, slice a was refilled already)
-        if PASS == BOTH:
+        if BLOCKED:
             _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
                         dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, q_row0, t_row0, vb, vh, STAGES,
-                        SLICE)
+                        SLICE, PASS)
         else:
-            if PASS == DV_ONLY:
-                _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                            dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, vb, vh,
-                            STAGES, SLICE, PASS)
-            _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, 1, q_row0, t_row0, vb, vh,
-                        STAGES, SLICE, PASS)
+            _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
+                        delta_smem, bars, r + STAGES, blk + STAGES, 1, q_row0, t_row0, vb, vh, STAGES, SLICE)
     return dv, dk, nxt
 
 
@@ -289,7 +308,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
 def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                  SQ, SK, SDO, TILE_SCALES, DK, DV, sm_scale, N, H,
                  HEAD_DIM: gl.constexpr, Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, SLICE: gl.constexpr,
-                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr):
+                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr):
     gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
     gl.static_assert(KV_BLOCK == SLICE, "one kv tile per program, as tall as a slice")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -304,9 +323,11 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     bh = gl.program_id(1)
     start_n = pid_n * KV_BLOCK
     k_smem = gl.allocate_shared_memory(gl.int8, [KV_BLOCK, HEAD_DIM], k_desc.layout)
-    q_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, SLICE, HEAD_DIM], q_desc.layout)
-    VEC_ROWS: gl.constexpr = STAGES if PASS == BOTH else 2 * STAGES   # LSE/delta per block or per slice
-    lse_smem = gl.allocate_shared_memory(gl.float32, [VEC_ROWS, lse_desc.block_type.shape[0]], lse_desc.layout)
+    # BLOCKED: the q side comes in one copy per block (rings of STAGES), else per slice (2 * STAGES);
+    # the descriptors' boxes match (launches()).
+    RING: gl.constexpr = STAGES if BLOCKED else 2 * STAGES
+    q_smem = gl.allocate_shared_memory(gl.int8, [RING] + q_desc.block_type.shape, q_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [RING] + lse_desc.block_type.shape, lse_desc.layout)
     # What a pass does not read gets a placeholder of a few bytes (the code using it is not built).
     unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     unused3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
@@ -314,17 +335,16 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
         # v and dO: (rows, HEAD_DIM) or, by 4-D descriptors on their own strides, (1, 1, rows, HEAD_DIM) boxes
         v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
         v_tile = v_smem.reshape([KV_BLOCK, HEAD_DIM])
-        do_smem = gl.allocate_shared_memory(do_desc.dtype, [2 * STAGES] + do_desc.block_type.shape, do_desc.layout)
-        qt_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], qt_desc.layout)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [VEC_ROWS, delta_desc.block_type.shape[0]],
-                                               delta_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [RING] + do_desc.block_type.shape, do_desc.layout)
+        qt_smem = gl.allocate_shared_memory(gl.int8, [RING] + qt_desc.block_type.shape, qt_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [RING] + delta_desc.block_type.shape, delta_desc.layout)
     else:
         v_tile = gl.allocate_shared_memory(gl.int8, [1, 16], unused)
         do_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
         qt_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
         delta_smem = gl.allocate_shared_memory(gl.float32, [1, 4], unused)
     if PASS != DK_ONLY:
-        dot_smem = gl.allocate_shared_memory(gl.int8, [2 * STAGES, HEAD_DIM, SLICE], dot_desc.layout)
+        dot_smem = gl.allocate_shared_memory(gl.int8, [RING] + dot_desc.block_type.shape, dot_desc.layout)
     else:
         dot_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
     bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES + 1, 1], mbarrier.MBarrierLayout())
@@ -350,14 +370,14 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     n_blocks = N // Q_BLOCK - first
     for i in gl.static_range(STAGES):
         if i < n_blocks:
-            if PASS == BOTH:
+            if BLOCKED:
                 _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                            dot_smem, lse_smem, delta_smem, bars, i, first + i, q_row0, t_row0, vb, vh, STAGES, SLICE)
+                            dot_smem, lse_smem, delta_smem, bars, i, first + i, q_row0, t_row0, vb, vh, STAGES, SLICE,
+                            PASS)
             else:
                 for h in gl.static_range(2):
-                    _load_slice(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
-                                dot_smem, lse_smem, delta_smem, bars, i, first + i, h, q_row0, t_row0, vb, vh, STAGES,
-                                SLICE, PASS)
+                    _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
+                                delta_smem, bars, i, first + i, h, q_row0, t_row0, vb, vh, STAGES, SLICE)
 
     k_scale = gl.load(SK + bh * (N // KV_BLOCK) + pid_n)
     SQ_bh = SQ + bh * (N // Q_BLOCK)
@@ -380,14 +400,14 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                                   delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                                   n_blocks, q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const,
                                   gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
-                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS,
+                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS, BLOCKED,
                                   True, True, False)
         else:
             dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                                   delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                                   n_blocks, q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const,
                                   gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
-                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS,
+                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS, BLOCKED,
                                   False, False, True)
         loop_start = 1
     for r in range(loop_start, n_blocks):
@@ -395,7 +415,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                               delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
                               q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const, gl.minimum(first + r + 1, last),
                               SQ_bh, SDO_bh, TS_col, N,
-                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS,
+                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS, BLOCKED,
                               True, False, False)
     for i in gl.static_range(2 * STAGES + 1):
         mbarrier.invalidate(bars.index(i))
@@ -456,16 +476,19 @@ def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales,
     v and do may have any strides and alignment."""
     b, h, n, d = q8.shape
     rows = b * h * n
-    vec = 2 * SLICE if d <= 64 else SLICE   # LSE/delta TMA box: the block (one launch) or a slice
-    args = (_desc(k8.reshape(rows, d), [ROWS, d]), seq_desc(v, ROWS),
-            _desc(q8.reshape(rows, d), [SLICE, d]), seq_desc(do, SLICE),
-            _desc(q8t.reshape(b * h * d, n), [d, SLICE]), _desc(do8t.reshape(b * h * d, n), [d, SLICE]),
-            _desc(lse2.reshape(rows), [vec]), _desc(delta.reshape(rows), [vec]),
-            s_q, s_k, s_do, tile_scales, dk, dv, 1.0 / d ** 0.5, n, h)
+    kv = (_desc(k8.reshape(rows, d), [ROWS, d]), seq_desc(v, ROWS))
+
+    def args(q_rows):   # q-side boxes: a whole q block (one copy each) or a slice
+        return (*kv, _desc(q8.reshape(rows, d), [q_rows, d]), seq_desc(do, q_rows),
+                _desc(q8t.reshape(b * h * d, n), [d, q_rows]), _desc(do8t.reshape(b * h * d, n), [d, q_rows]),
+                _desc(lse2.reshape(rows), [q_rows]), _desc(delta.reshape(rows), [q_rows]),
+                s_q, s_k, s_do, tile_scales, dk, dv, 1.0 / d ** 0.5, n, h)
     kwargs = dict(HEAD_DIM=d, Q_BLOCK=block_q, KV_BLOCK=ROWS, SLICE=SLICE, CAUSAL=causal, STAGES=STAGES,
                   num_warps=4)
     grid = (n // ROWS, b * h)
     if d <= 64:
-        return [("dkdv", grid, args, {**kwargs, "PASS": BOTH.value})]
-    return [("dv", grid, args, {**kwargs, "PASS": DV_ONLY.value}),
-            ("dk", grid, args, {**kwargs, "PASS": DK_ONLY.value, "STAGES": STAGES_DK128})]
+        return [("dkdv", grid, args(2 * SLICE), {**kwargs, "PASS": BOTH.value, "BLOCKED": True})]
+    dk_rows = 2 * SLICE if DK_BLOCKED else SLICE
+    return [("dv", grid, args(2 * SLICE), {**kwargs, "PASS": DV_ONLY.value, "BLOCKED": True}),
+            ("dk", grid, args(dk_rows), {**kwargs, "PASS": DK_ONLY.value, "STAGES": STAGES_DK128,
+                                         "BLOCKED": DK_BLOCKED})]

@@ -18,10 +18,13 @@ the loads: the Triton kernel spills at 255 registers and reloads inside its loop
 versions waited on global loads of LSE, delta and the block scales (long scoreboard 0.7 cycles
 per instruction). Here LSE and delta come by TMA with the q block and are read from shared
 memory after the S/dP waits (short live ranges, no spills), and the six scales of the next
-block are loaded near the end of the current one. Every slice has its own ring barrier, so the
-dK pass (one pipeline stage at d=128, to keep two programs per SM) refills slice a's buffers as
-soon as slice a is done, while slice b still runs. (8,16,4096,64) causal: dK/dV
-1.55 -> 1.39 ms; (8,8,4096,128): 1.52 -> 1.40 ms causal, 2.68 -> 2.15 ms without a mask.
+block are loaded near the end of the current one. A q block comes as one TMA copy per tensor
+(every copy costs a CTA barrier and ~13 instructions here), except in the d=128 dK pass: there
+every slice has its own copies and ring barrier, so with one pipeline stage (to keep two
+programs per SM) it refills slice a's buffers as soon as slice a is done, while slice b still
+runs. P^ and dS^ reach the INT8 dots without lane shuffles (as_a_operand: Q^T and dO^T are in k
+order). (8,16,4096,64) causal: dK/dV 1.55 -> 1.28 ms; (8,8,4096,128): 1.52 -> 1.28 ms causal,
+2.68 -> 1.99 ms without a mask.
 
 Limits (else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no Q-smoothing.
 """

@@ -176,8 +176,9 @@ def _slice_probs(st, qk_scale, lse, offs_q, offs_kv, MASK: gl.constexpr):
 def _load_scales(blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK: gl.constexpr):
     """Raw scales of q block blk: s_Q, s_dO and the dQ kernel's (s_P, 1/s_P, s_dS, 1/s_dS) of this kv tile.
 
-    Loaded one block ahead (near the end of the previous block, where registers are free): from
-    global memory at the block's start, their latency was most of the kernel's long-scoreboard stall.
+    Loaded one block ahead (_q_block's EARLY: at the start or near the end of the previous block):
+    from global memory at the block's start, their latency was most of the kernel's long-scoreboard
+    stall (v16).
     """
     ts = TS_col + blk * (N // KV_BLOCK) * 4
     return gl.load(SQ_bh + blk), gl.load(SDO_bh + blk), gl.load(ts), gl.load(ts + 1), gl.load(ts + 2), gl.load(ts + 3)
@@ -190,7 +191,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
              s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
              op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, KV_BLOCK: gl.constexpr,
              HEAD_DIM: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr,
-             MASK_A: gl.constexpr, MASK_B: gl.constexpr):
+             MASK_A: gl.constexpr, MASK_B: gl.constexpr, EARLY: gl.constexpr):
     """dV, dK after q block `blk` (ring slot r). Slice a (rows 0-63 of the block) runs only if
     HAS_A; MASK_* apply the causal mask (the slice holding the diagonal); PASS: BOTH, DV_ONLY or
     DK_ONLY (the other accumulator is returned unchanged)."""
@@ -206,6 +207,8 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
     zero_dp = gl.zeros([SLICE, SLICE], gl.float32, dp_layout)
     zero_acc = gl.zeros([SLICE, HEAD_DIM], gl.int32, acc_layout)
 
+    if EARLY:
+        nxt = _load_scales(next_blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK)
     phase = (r // STAGES) & 1
     if PASS == DV_ONLY:
         # Both S slices first: slice b's runs on the tensor cores while slice a's P is made.
@@ -284,7 +287,8 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         else:
             dk_int = warpgroup_mma(ds8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc, use_acc=False,
                                    is_async=True)
-    nxt = _load_scales(next_blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK)
+    if not EARLY:
+        nxt = _load_scales(next_blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK)
     if PASS == BOTH:
         dv_int = warpgroup_mma_wait(1, deps=[dv_int])
         dv += dv_int.to(gl.float32) * dv_scale
@@ -314,6 +318,9 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr):
     gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
     gl.static_assert(KV_BLOCK == SLICE, "one kv tile per program, as tall as a slice")
+    # The next block's scales are loaded at the start of a block at d=64 (their global-load latency
+    # hidden by a whole block: -2..-3%), near its end at d=128 (early there: +0.5-1%, at 255 registers)
+    EARLY: gl.constexpr = PASS == BOTH
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, SLICE, 32])
     dp_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -404,14 +411,14 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                                   n_blocks, q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const,
                                   gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
                                   s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS, BLOCKED,
-                                  True, True, False)
+                                  True, True, False, EARLY)
         else:
             dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                                   delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                                   n_blocks, q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const,
                                   gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
                                   s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS, BLOCKED,
-                                  False, False, True)
+                                  False, False, True, EARLY)
         loop_start = 1
     for r in range(loop_start, n_blocks):
         dv, dk, sc = _q_block(r, first + r, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
@@ -419,7 +426,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                               q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const, gl.minimum(first + r + 1, last),
                               SQ_bh, SDO_bh, TS_col, N,
                               s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS, BLOCKED,
-                              True, False, False)
+                              True, False, False, EARLY)
     for i in gl.static_range(2 * STAGES + 1):
         mbarrier.invalidate(bars.index(i))
 

@@ -216,15 +216,15 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         if HAS_A:
             st_a = warpgroup_mma(k_smem, _rows(q_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s,
                                  use_acc=False, is_async=True)
-        st_b = warpgroup_mma(k_smem, _rows(q_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s, use_acc=False,
-                             is_async=True)
+        st_b = warpgroup_mma(k_smem, _rows(q_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)),
+                             zero_s, use_acc=False, is_async=True)
         if HAS_A:
             st_a = warpgroup_mma_wait(1, deps=[st_a])
             p_a = _slice_probs(st_a, qk_scale, _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED), offs_a, offs_kv,
                                MASK_A)
             p8_a = as_a_operand(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
-            dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc, use_acc=False,
-                                   is_async=True)
+            dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)),
+                                   zero_acc, use_acc=False, is_async=True)
             st_b = warpgroup_mma_wait(1, deps=[st_b])
         else:
             st_b = warpgroup_mma_wait(0, deps=[st_b])
@@ -232,15 +232,16 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
                            MASK_B)
         p8_b = as_a_operand(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
         if HAS_A:
-            dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), dv_int, is_async=True)
+            dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)),
+                                   dv_int, is_async=True)
         else:
-            dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc, use_acc=False,
-                                   is_async=True)
+            dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)),
+                                   zero_acc, use_acc=False, is_async=True)
     else:
         mbarrier.wait(bars.index(2 * slot), phase)
         if HAS_A:
-            st_a = warpgroup_mma(k_smem, _rows(q_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s, use_acc=False,
-                                 is_async=True)
+            st_a = warpgroup_mma(k_smem, _rows(q_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)),
+                                 zero_s, use_acc=False, is_async=True)
             dpt_a = warpgroup_mma(v_tile, _rows(do_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)),
                                   zero_dp, use_acc=False, is_async=True)
             st_a = warpgroup_mma_wait(1, deps=[st_a])
@@ -248,18 +249,18 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
             p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A)
             if PASS == BOTH:
                 p8_a = as_a_operand(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
-                dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc, use_acc=False,
-                                       is_async=True)
+                dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)),
+                                       zero_acc, use_acc=False, is_async=True)
             dpt_a = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_a])
             delta_a = _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED)
             ds_a = p_a * (gl.convert_layout(dpt_a, s_layout) - delta_a[None, :])
             ds8_a = as_a_operand(_int8_bits(ds_a, ds_inv, -127, 127).to(gl.int8), op_layout)
-            dk_int = warpgroup_mma(ds8_a, _cols(qt_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc, use_acc=False,
-                                   is_async=True)
+            dk_int = warpgroup_mma(ds8_a, _cols(qt_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)),
+                                   zero_acc, use_acc=False, is_async=True)
         if not BLOCKED:
             mbarrier.wait(bars.index(2 * slot + 1), phase)
-        st_b = warpgroup_mma(k_smem, _rows(q_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s, use_acc=False,
-                             is_async=True)
+        st_b = warpgroup_mma(k_smem, _rows(q_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)),
+                             zero_s, use_acc=False, is_async=True)
         dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)),
                               zero_dp, use_acc=False, is_async=True)
         st_b = warpgroup_mma_wait(1, deps=[st_b])
@@ -274,7 +275,8 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         if PASS == BOTH:
             p8_b = as_a_operand(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
             if HAS_A:
-                dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), dv_int, is_async=True)
+                dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)),
+                                       dv_int, is_async=True)
             else:
                 dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc,
                                        use_acc=False, is_async=True)
@@ -283,10 +285,11 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         ds_b = p_b * (gl.convert_layout(dpt_b, s_layout) - delta_b[None, :])
         ds8_b = as_a_operand(_int8_bits(ds_b, ds_inv, -127, 127).to(gl.int8), op_layout)
         if HAS_A:
-            dk_int = warpgroup_mma(ds8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), dk_int, is_async=True)
+            dk_int = warpgroup_mma(ds8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)),
+                                   dk_int, is_async=True)
         else:
-            dk_int = warpgroup_mma(ds8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc, use_acc=False,
-                                   is_async=True)
+            dk_int = warpgroup_mma(ds8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)),
+                                   zero_acc, use_acc=False, is_async=True)
     if not EARLY:
         nxt = _load_scales(next_blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK)
     if PASS == BOTH:
@@ -410,23 +413,23 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                                   delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                                   n_blocks, q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const,
                                   gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
-                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS, BLOCKED,
-                                  True, True, False, EARLY)
+                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                                  PASS, BLOCKED, True, True, False, EARLY)
         else:
             dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                                   delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                                   n_blocks, q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const,
                                   gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
-                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS, BLOCKED,
-                                  False, False, True, EARLY)
+                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                                  PASS, BLOCKED, False, False, True, EARLY)
         loop_start = 1
     for r in range(loop_start, n_blocks):
         dv, dk, sc = _q_block(r, first + r, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                               delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
                               q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const, gl.minimum(first + r + 1, last),
                               SQ_bh, SDO_bh, TS_col, N,
-                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM, PASS, BLOCKED,
-                              True, False, False, EARLY)
+                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                              PASS, BLOCKED, True, False, False, EARLY)
     for i in gl.static_range(2 * STAGES + 1):
         mbarrier.invalidate(bars.index(i))
 

@@ -191,7 +191,6 @@ def round_scaled_to_int8(x, inv, LO: tl.constexpr, HI: tl.constexpr):
 # byte shuffles between lanes (SHFL, SEL, PRMT: 0.75 instructions per quantised element).
 # FlashAttention-3 permutes its FP8 V for the same reason. The product is unchanged: both sides
 # of the reduction are permuted alike.
-K_ORDER_GROUP = tl.constexpr(16)
 
 
 @triton.jit

@@ -164,22 +164,37 @@ def magic_to_int8(y):
 
 
 @triton.jit
-def round_scaled_to_int8(x, inv, LO: tl.constexpr, HI: tl.constexpr):
-    """int8 round(x * inv), clamped to [LO, HI], for the backward's and forward's own tiles (P, dS).
+def round_scaled_to_int8(x, inv):
+    """int8 round(x * inv), for the backward's and forward's own tiles (P, dS), |x * inv| <= 127.
 
     One fma (x * inv + MAGIC_F) rounds the exact product instead of fl(x * inv): they differ
     only when fl(x * inv) lands on a .5 tie that the exact product misses. That exactness
     matters for Q^, K^, V^, dO^ (bf16 inputs make ties common, see mul_rn), not here: these
     tiles are recomputed with exp2 and tensor-core sums that already differ from the
-    simulation in the last bits. The clamp (in the magic domain) guards against a value
-    recomputed a last bit above the amax another kernel measured.
+    simulation in the last bits.
     """
-    y = x * inv + MAGIC_F
-    if LO > -128:
-        y = tl.maximum(y, MAGIC_F + LO)
-    if HI < 128:
-        y = tl.minimum(y, MAGIC_F + HI)
-    return magic_to_int8(y)
+    return magic_to_int8(x * inv + MAGIC_F)
+
+
+# dS^ in the dK/dV kernels. They quantise dS = P (dP - delta) with the tile scale s_dS the dQ
+# kernel measured, but compute dP in the other orientation: its sums run in another order, and
+# where dP - delta cancels that difference is all of dS, so a value can land past the amax and
+# must saturate at +-127, not wrap. Written as y = clamp(dS / (254 s_dS) + 1/2, 0, 1) and
+# int8 = round(254 y) - 127, the clamp is the fma's own saturation (ptxas folds the min/max
+# into FFMA.SAT), and with kq = 1 / (254 s_dS) folded into dP - delta, the whole step is three
+# fmas where the plain form took FADD, FMUL, FFMA and two clamps (FMNMX): -1.5 instructions
+# per score element (v25). It differs from round(dS / s_dS) only within ~1e-5 of a rounding
+# tie (y carries 24 bits) and on exact ties (the offset 127 is odd). Gluon: dkdv_hopper.
+DS_SPAN = tl.constexpr(254.0)
+
+
+@triton.jit
+def saturated_ds_to_int8(p, dp, delta_kq, kq):
+    """int8 of clamp(round(p * (dp - delta) / s_dS), -127, 127), given kq = 1 / (254 s_dS) and
+    delta_kq = delta * kq (rounded on its own: the Gluon kernel computes it once per column)."""
+    u = tl.fma(dp, kq, -delta_kq)
+    y = tl.minimum(tl.maximum(tl.fma(p, u, 0.5), 0.0), 1.0)
+    return magic_to_int8(tl.fma(y, DS_SPAN, MAGIC_F - 127.0))
 
 
 # Sequence order of the transposed (B, H, D, N) copies Q^T, K^T, V^T, dO^T ("k order"): within

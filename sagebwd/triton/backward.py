@@ -16,9 +16,10 @@ of a q block), in the transposed orientation so that the accumulators are rows o
   dV_j += int(P^T^ dO^_i) s_P s_dO               (dO^ read sequence-contiguous)
   dK_j += int(dS^T^ Q^_i) s_dS s_Q               (Q^ read sequence-contiguous)
 
-Both kernels recompute P and dS with the same fp32 operations, so the dK/dV kernel's values
-reach the tile amax; a clamp of dS to [-127, 127] keeps a last-bit difference (tensor-core
-summation order of dP in the two orientations) from wrapping an INT8 value. No atomics: every
+Both kernels compute P with the same fp32 operations, so the dK/dV kernel's P stays within
+ulps of the tile amax; its dS saturates at +-127 (_common.saturated_ds_to_int8), so that a
+last-bit difference (tensor-core summation order of dP in the two orientations) cannot wrap
+an INT8 value. No atomics: every
 output element is written by one program in a fixed order, so reruns are bit-identical.
 Extra memory: 4 fp32 per (q block, kv tile), N^2 / (block_q * block_kv) * 16 bytes per head.
 """
@@ -30,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (LAUNCH_OVERRIDES, LOG2E, block_scales, gluon_kernels, int_to_float, interpreting, launch,
-                      launch_settings, round_scaled_to_int8, to_k_order)
+from ._common import (DS_SPAN, LAUNCH_OVERRIDES, LOG2E, block_scales, gluon_kernels, int_to_float, interpreting,
+                      launch, launch_settings, round_scaled_to_int8, saturated_ds_to_int8, to_k_order)
 from . import dkdv_hopper, dq_hopper
 from .forward import smooth_q_bias
 
@@ -83,7 +84,7 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
         ds_scale, ds_inv = block_scales(ds_amax)
         tl.store(TS_row + j * 4 + slot,
                  tl.where(slot == 0, p_scale, tl.where(slot == 1, p_inv, tl.where(slot == 2, ds_scale, ds_inv))))
-        ds8 = to_k_order(round_scaled_to_int8(ds, ds_inv, -128, 128))   # own inv: no clamp; K^T in k order
+        ds8 = to_k_order(round_scaled_to_int8(ds, ds_inv))   # own amax: in range; K^T in k order
         k8_cols = tl.trans(tl.load(K8T_bh + offs_d[:, None] * N + offs_n[None, :]))
         dq += int_to_float(tl.dot(ds8, k8_cols, out_dtype=tl.int32)) * (ds_scale * k_scale)
     return dq
@@ -176,7 +177,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
         dv_scale = (tl.load(ts) * tl.load(SDO_bh + i))[:, None]
         p_inv = tl.load(ts + 1)[:, None]
         dk_scale = (tl.load(ts + 2) * q_scale)[:, None]
-        ds_inv = tl.load(ts + 3)[:, None]
+        ds_kq = (tl.load(ts + 3) * (1.0 / DS_SPAN))[:, None]   # see saturated_ds_to_int8
         qk_scale = ((q_scale * k_scale) * qk_const)[:, None]
         if SMOOTH_Q:
             mu = tl.load(MU_bh + i * HEAD_DIM + offs_d)
@@ -197,10 +198,10 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                 p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
             # No clamp: P here and in the dQ kernel is the same formula on the same operands (exact
             # integer dots), so it differs by a few ulps at most, far below the 0.4% above the
-            # amax that would round past 127. dS gets a clamp: dP's two orientations sum in
+            # amax that would round past 127. dS saturates instead: dP's two orientations sum in
             # different orders, and where dP - delta cancels, that difference is all of dS.
             if PASS != DK_ONLY:
-                p8_t = to_k_order(round_scaled_to_int8(p_t, p_inv, -128, 128))
+                p8_t = to_k_order(round_scaled_to_int8(p_t, p_inv))
                 if CHAIN:
                     do8 = tl.trans(tl.load(DO8T_bh + offs_d[:, None] * N + offs_m[None, :]))
                     dv_int = tl.dot(p8_t, do8, dv_int, out_dtype=tl.int32)
@@ -213,8 +214,8 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             if PASS != DV_ONLY:
                 do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
                 dp_t = _dot16(v, tl.trans(do), DOT_F32)
-                ds_t = p_t * (dp_t - tl.load(DELTA_bh + offs_m)[None, :])
-                ds8_t = to_k_order(round_scaled_to_int8(ds_t, ds_inv, -127, 127))
+                delta = tl.load(DELTA_bh + offs_m)[None, :]
+                ds8_t = to_k_order(saturated_ds_to_int8(p_t, dp_t, delta * ds_kq, ds_kq))
                 if CHAIN:
                     q8_cols = tl.trans(tl.load(Q8T_bh + offs_d[:, None] * N + offs_m[None, :]))
                     dk_int = tl.dot(ds8_t, q8_cols, dk_int, out_dtype=tl.int32)
@@ -225,7 +226,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                         q8_cols = tl.trans(tl.load(Q8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
                         dk_b += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
                 if SMOOTH_Q:   # the bias branch: colsum(dS_i)^T mu_i, from the unquantised dS
-                    ds_colsum = tl.sum(ds_t, axis=1)[:, None]
+                    ds_colsum = tl.sum(p_t * (dp_t - delta), axis=1)[:, None]
                     dk_a += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + offs_h)[None, :]
                     if SPLIT_D == 2:
                         dk_b += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + DH + offs_h)[None, :]

@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 G_MAGIC_F = gl.constexpr(12582912.0)   # 1.5 * 2**23: see _common.MAGIC_F
+G_DS_SPAN = gl.constexpr(254.0)   # see _common.saturated_ds_to_int8
 
 # What one launch computes (PASS): at d=128 dV and dK are two launches, as in backward.py (one
 # warpgroup cannot hold both 64 x 128 pairs of fp32 and int32 accumulators).
@@ -143,14 +144,19 @@ def _slice_vector(smem, slot, h, col: gl.constexpr, SLICE: gl.constexpr, BLOCKED
 
 
 @gluon.jit
-def _int8_bits(x, inv, LO: gl.constexpr, HI: gl.constexpr):
+def _int8_bits(x, inv):
     """_common.round_scaled_to_int8 up to the final truncation: round(x * inv) in the low byte."""
-    y = x * inv + G_MAGIC_F
-    if LO > -128:
-        y = gl.maximum(y, G_MAGIC_F + LO)
-    if HI < 128:
-        y = gl.minimum(y, G_MAGIC_F + HI)
-    return y.to(gl.int32, bitcast=True)
+    return (x * inv + G_MAGIC_F).to(gl.int32, bitcast=True)
+
+
+@gluon.jit
+def _saturated_ds_bits(p, dpt, delta, kq, s_layout: gl.constexpr):
+    """_common.saturated_ds_to_int8 up to the final truncation, the same fmas (bit-identical):
+    dS = P (dP - delta) saturated at +-127 in three fmas, FFMA.SAT the clamp; delta * kq once
+    per column."""
+    u = gl.fma(gl.convert_layout(dpt, s_layout), kq, -(delta * kq)[None, :])
+    y = gl.minimum(gl.maximum(gl.fma(p, u, 0.5), 0.0), 1.0)
+    return gl.fma(y, G_DS_SPAN, G_MAGIC_F - 127.0).to(gl.int32, bitcast=True)
 
 
 @gluon.jit
@@ -200,6 +206,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
     qk_scale = (q_scale * k_scale) * qk_const
     dv_scale = p_scale * s_do
     dk_scale = ds_scale * q_scale
+    ds_kq = ds_inv * (1.0 / G_DS_SPAN)   # see _common.saturated_ds_to_int8
     col: gl.constexpr = gl.SliceLayout(0, s_layout)
     offs_a = blk * 2 * SLICE + gl.arange(0, SLICE, layout=col)
     offs_b = offs_a + SLICE
@@ -222,7 +229,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
             st_a = warpgroup_mma_wait(1, deps=[st_a])
             p_a = _slice_probs(st_a, qk_scale, _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED), offs_a, offs_kv,
                                MASK_A)
-            p8_a = as_a_operand(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
+            p8_a = as_a_operand(_int8_bits(p_a, p_inv).to(gl.int8), op_layout)
             dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)),
                                    zero_acc, use_acc=False, is_async=True)
             st_b = warpgroup_mma_wait(1, deps=[st_b])
@@ -230,7 +237,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
             st_b = warpgroup_mma_wait(0, deps=[st_b])
         p_b = _slice_probs(st_b, qk_scale, _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED), offs_b, offs_kv,
                            MASK_B)
-        p8_b = as_a_operand(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
+        p8_b = as_a_operand(_int8_bits(p_b, p_inv).to(gl.int8), op_layout)
         if HAS_A:
             dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)),
                                    dv_int, is_async=True)
@@ -248,13 +255,13 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
             lse_a = _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED)
             p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A)
             if PASS == BOTH:
-                p8_a = as_a_operand(_int8_bits(p_a, p_inv, -128, 128).to(gl.int8), op_layout)
+                p8_a = as_a_operand(_int8_bits(p_a, p_inv).to(gl.int8), op_layout)
                 dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)),
                                        zero_acc, use_acc=False, is_async=True)
             dpt_a = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_a])
             delta_a = _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED)
-            ds_a = p_a * (gl.convert_layout(dpt_a, s_layout) - delta_a[None, :])
-            ds8_a = as_a_operand(_int8_bits(ds_a, ds_inv, -127, 127).to(gl.int8), op_layout)
+            ds8_a = as_a_operand(_saturated_ds_bits(p_a, dpt_a, delta_a, ds_kq, s_layout).to(gl.int8),
+                                  op_layout)
             dk_int = warpgroup_mma(ds8_a, _cols(qt_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)),
                                    zero_acc, use_acc=False, is_async=True)
         if not BLOCKED:
@@ -273,7 +280,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         lse_b = _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED)
         p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B)
         if PASS == BOTH:
-            p8_b = as_a_operand(_int8_bits(p_b, p_inv, -128, 128).to(gl.int8), op_layout)
+            p8_b = as_a_operand(_int8_bits(p_b, p_inv).to(gl.int8), op_layout)
             if HAS_A:
                 dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)),
                                        dv_int, is_async=True)
@@ -282,8 +289,8 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
                                        use_acc=False, is_async=True)
         dpt_b = warpgroup_mma_wait(1 if PASS == BOTH else 0, deps=[dpt_b])
         delta_b = _slice_vector(delta_smem, slot, 1, col, SLICE, BLOCKED)
-        ds_b = p_b * (gl.convert_layout(dpt_b, s_layout) - delta_b[None, :])
-        ds8_b = as_a_operand(_int8_bits(ds_b, ds_inv, -127, 127).to(gl.int8), op_layout)
+        ds8_b = as_a_operand(_saturated_ds_bits(p_b, dpt_b, delta_b, ds_kq, s_layout).to(gl.int8),
+                              op_layout)
         if HAS_A:
             dk_int = warpgroup_mma(ds8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)),
                                    dk_int, is_async=True)

@@ -67,7 +67,7 @@ def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
             p = tl.math.exp2(int_to_float(x) * scale - t_safe[:, None])
             if MASKED:
                 p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
-        p8 = to_k_order(round_scaled_to_int8(p, 127.0, -128, 128))   # V^T's rows are in k order
+        p8 = to_k_order(round_scaled_to_int8(p, 127.0))   # V^T's rows are in k order
         m_new = tl.maximum(m_i, t)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_safe)

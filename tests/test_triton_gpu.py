@@ -77,7 +77,7 @@ def _forward_backward(shape, causal, gluon, layout="contiguous"):
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
 @pytest.mark.parametrize("shape", [(1, 4, 2048, 64), (2, 3, 384, 64), (1, 4, 1024, 128), (2, 3, 384, 128),
-                                   (1, 2, 128, 128)])
+                                   (1, 2, 128, 128), (1, 2, 4224, 64), (1, 2, 4224, 128)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gluon_kernels_match_the_triton_kernels(shape, causal):
     """SAGEBWD_GLUON's kernels against the Triton ones on the same inputs. dK/dV does the same
@@ -85,7 +85,8 @@ def test_gluon_kernels_match_the_triton_kernels(shape, causal):
     applies each tile's O update one iteration later: within an output rounding of it. dQ
     likewise (and the tile scales it writes for dK/dV): bit-identical.
     (384 rows: causal kv tiles that start in the middle of a q block, and an odd number of q
-    blocks; 128 rows: one q block, whose only kv tiles are the diagonal ones.)"""
+    blocks; 128 rows: one q block, whose only kv tiles are the diagonal ones; 4224 rows: 33 q
+    blocks, one more than the Gluon dK/dV stages scales for at a time.)"""
     ref = _forward_backward(shape, causal, ())
     for kernels in (("dkdv",), ("dq",), ("dkdv", "dq")):
         got = _forward_backward(shape, causal, kernels)

@@ -57,7 +57,7 @@ def _max_pair(a0, b0, a1, b1):
 
 @triton.jit
 def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
-              K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_row,
+              K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
               stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
               SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr):
@@ -82,7 +82,7 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
         p_amax, ds_amax = tl.reduce((tl.max(p, axis=1), tl.max(tl.abs(ds), axis=1)), 0, _max_pair)
         p_scale, p_inv = block_scales(p_amax)
         ds_scale, ds_inv = block_scales(ds_amax)
-        tl.store(TS_row + j * 4 + slot,
+        tl.store(TS_q + j * TS_step + slot,
                  tl.where(slot == 0, p_scale, tl.where(slot == 1, p_inv, tl.where(slot == 2, ds_scale, ds_inv))))
         ds8 = to_k_order(round_scaled_to_int8(ds, ds_inv))   # own amax: in range; K^T in k order
         k8_cols = tl.trans(tl.load(K8T_bh + offs_d[:, None] * N + offs_n[None, :]))
@@ -121,7 +121,9 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
     KF_bh = KF + b * stride_kfb + h * stride_kfh
     KMEAN_bh = KMEAN + bh * HEAD_DIM
     MU_blk = MU + (bh * (N // BLOCK_M) + pid_m) * HEAD_DIM
-    TS_row = TILE_SCALES + (bh.to(tl.int64) * (N // BLOCK_M) + pid_m) * (N // BLOCK_N) * 4
+    # kv-major (bh, kv tile, q block, 4): a dK/dV program reads its kv tile's scales contiguously
+    TS_q = TILE_SCALES + bh.to(tl.int64) * (N // BLOCK_M) * (N // BLOCK_N) * 4 + pid_m * 4
+    TS_step = (N // BLOCK_M) * 4   # from one kv tile's record to the next
     qk_const = sm_scale * LOG2E
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -129,16 +131,16 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
         diag_lo = (start_m + 1) // BLOCK_N * BLOCK_N
         diag_hi = tl.minimum(tl.cdiv(start_m + BLOCK_M, BLOCK_N) * BLOCK_N, N)
         dq = _dq_tiles(dq, q8, do, lse, delta, offs_m, 0, diag_lo, q_scale,
-                       K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_row,
+                       K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
                        BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32)
         dq = _dq_tiles(dq, q8, do, lse, delta, offs_m, diag_lo, diag_hi, q_scale,
-                       K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_row,
+                       K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
                        BLOCK_N, HEAD_DIM, True, SMOOTH_Q, SMOOTH_K, DOT_F32)
     else:
         dq = _dq_tiles(dq, q8, do, lse, delta, offs_m, 0, N, q_scale,
-                       K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_row,
+                       K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
                        BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32)
     tl.store(DQ + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty))
@@ -173,7 +175,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
     for start_i in range(lo, hi, STEP):
         i = start_i // Q_BLOCK            # the q quantisation block
         q_scale = tl.load(SQ_bh + i)
-        ts = TS_cols + i * (N // KV_BLOCK) * 4
+        ts = TS_cols + i * 4
         dv_scale = (tl.load(ts) * tl.load(SDO_bh + i))[:, None]
         p_inv = tl.load(ts + 1)[:, None]
         dk_scale = (tl.load(ts + 2) * q_scale)[:, None]
@@ -276,8 +278,10 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
     LSE2_bh = LSE2 + bh * N
     DELTA_bh = DELTA + bh * N
     MU_bh = MU + bh * (N // Q_BLOCK) * HEAD_DIM
-    # Tile scales of q block 0 for each kv row; the loop adds the q block's offset.
-    TS_cols = TILE_SCALES + bh.to(tl.int64) * (N // Q_BLOCK) * (N // KV_BLOCK) * 4 + (offs_n // KV_BLOCK) * 4
+    # Tile scales of q block 0 for each kv row (kv-major: (bh, kv tile, q block, 4)); the loop adds the
+    # q block's offset.
+    TS_cols = (TILE_SCALES + bh.to(tl.int64) * (N // Q_BLOCK) * (N // KV_BLOCK) * 4
+               + (offs_n // KV_BLOCK) * (N // Q_BLOCK) * 4)
     qk_const = sm_scale * LOG2E
 
     DH: tl.constexpr = HEAD_DIM // SPLIT_D
@@ -367,9 +371,10 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
     dq = torch.empty(b, h, n, d, device=q8.device, dtype=out_dtype or v.dtype)
     dk = torch.empty_like(dq)
     dv = torch.empty_like(dq)
-    # (p_scale, p_inv, ds_scale, ds_inv) per tile. Zeros: causal dK/dV slices may touch tiles
-    # wholly above the diagonal, which the dQ kernel skips; zero scales make them contribute 0.
-    tile_scales = torch.zeros(b * h, n // block_q, n // block_kv, 4, device=q8.device, dtype=torch.float32)
+    # (p_scale, p_inv, ds_scale, ds_inv) per tile, kv-major: a dK/dV program's are contiguous. Zeros:
+    # causal dK/dV slices may touch tiles wholly above the diagonal, which the dQ kernel skips;
+    # zero scales make them contribute 0.
+    tile_scales = torch.zeros(b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32)
     smooth_q = mu_q is not None
     kf = k if smooth_q else v
     mu = mu_q if smooth_q else s_q

@@ -55,6 +55,10 @@ STAGES_DK128 = 1
 # The dK pass at d=128 refills each slice's buffers as soon as that slice is done (per-slice copies),
 # the other passes load a whole q block per copy.
 DK_BLOCKED = False
+# A program holds the scales of this many q blocks at a time in shared memory (_stage_scales).
+SCALE_CHUNK = gl.constexpr(32)
+
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier   # (Triton 3.6: thread_barrier)
 
 
 @gluon.jit
@@ -179,29 +183,46 @@ def _slice_probs(st, qk_scale, lse, offs_q, offs_kv, MASK: gl.constexpr):
 
 
 @gluon.jit
-def _load_scales(blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK: gl.constexpr):
-    """Raw scales of q block blk: s_Q, s_dO and the dQ kernel's (s_P, 1/s_P, s_dS, 1/s_dS) of this kv tile.
+def _stage_scales(sc_smem, blk0, NQ, SQ_bh, SDO_bh, TS_kv, CHUNK: gl.constexpr, stage_layout: gl.constexpr):
+    """The scales of q blocks blk0 .. blk0 + CHUNK - 1 (those < NQ) into sc_smem [CHUNK, 8], one record per
+    block: the dQ kernel's (s_P, 1/s_P, s_dS, 1/s_dS) of this kv tile (contiguous: the tile scales are
+    kv-major), s_Q, s_dO. Read per block from shared memory, they are no global load in the loop: at d=128
+    the three per block were a 9-11% stall (v24), and holding them in registers a block ahead spilled."""
+    rows = blk0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, stage_layout))[:, None]
+    field = gl.arange(0, 8, layout=gl.SliceLayout(0, stage_layout))[None, :]
+    ok = rows < NQ
+    tile = gl.load(TS_kv + rows * 4 + field, mask=ok & (field < 4), other=0.0)
+    s_q = gl.load(SQ_bh + rows + 0 * field, mask=ok & (field == 4), other=0.0)
+    s_do = gl.load(SDO_bh + rows + 0 * field, mask=ok & (field == 5), other=0.0)
+    sc_smem.store(gl.where(field < 4, tile, gl.where(field == 4, s_q, s_do)))
 
-    Loaded one block ahead (_q_block's EARLY: at the start or near the end of the previous block):
-    from global memory at the block's start, their latency was most of the kernel's long-scoreboard
-    stall (v16).
-    """
-    ts = TS_col + blk * (N // KV_BLOCK) * 4
-    return gl.load(SQ_bh + blk), gl.load(SDO_bh + blk), gl.load(ts), gl.load(ts + 1), gl.load(ts + 2), gl.load(ts + 3)
+
+@gluon.jit
+def _block_scales(sc_smem, r, CHUNK: gl.constexpr, rec_layout: gl.constexpr):
+    """(s_Q, s_dO, s_P, 1/s_P, s_dS, 1/s_dS) of the r-th q block of this program, from _stage_scales'
+    record (every thread reads the whole record; picking a field is free in registers)."""
+    # the same unswizzled bytes as a ring of records (.index wants a layout of one rank less)
+    ring = sc_smem._reinterpret(gl.float32, [CHUNK, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    rec = ring.index(r % CHUNK).load(rec_layout)
+    field = gl.arange(0, 8, layout=rec_layout)
+    # x + (-0.0) is x: the sums fold away
+    return (gl.sum(gl.where(field == 4, rec, -0.0), axis=0), gl.sum(gl.where(field == 5, rec, -0.0), axis=0),
+            gl.sum(gl.where(field == 0, rec, -0.0), axis=0), gl.sum(gl.where(field == 1, rec, -0.0), axis=0),
+            gl.sum(gl.where(field == 2, rec, -0.0), axis=0), gl.sum(gl.where(field == 3, rec, -0.0), axis=0))
 
 
 @gluon.jit
 def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, bars,
              q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks, q_row0, t_row0, vb, vh, offs_kv,
-             q_scale, s_do, p_scale, p_inv, ds_scale, ds_inv, k_scale, qk_const, next_blk, SQ_bh, SDO_bh, TS_col, N,
-             s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
+             sc_smem, k_scale, qk_const, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
              op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, KV_BLOCK: gl.constexpr,
              HEAD_DIM: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr,
-             MASK_A: gl.constexpr, MASK_B: gl.constexpr, EARLY: gl.constexpr):
+             MASK_A: gl.constexpr, MASK_B: gl.constexpr, rec_layout: gl.constexpr):
     """dV, dK after q block `blk` (ring slot r). Slice a (rows 0-63 of the block) runs only if
     HAS_A; MASK_* apply the causal mask (the slice holding the diagonal); PASS: BOTH, DV_ONLY or
     DK_ONLY (the other accumulator is returned unchanged)."""
     slot = r % STAGES
+    q_scale, s_do, p_scale, p_inv, ds_scale, ds_inv = _block_scales(sc_smem, r, SCALE_CHUNK, rec_layout)
     # backward.py's products, in its order
     qk_scale = (q_scale * k_scale) * qk_const
     dv_scale = p_scale * s_do
@@ -214,8 +235,6 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
     zero_dp = gl.zeros([SLICE, SLICE], gl.float32, dp_layout)
     zero_acc = gl.zeros([SLICE, HEAD_DIM], gl.int32, acc_layout)
 
-    if EARLY:
-        nxt = _load_scales(next_blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK)
     phase = (r // STAGES) & 1
     if PASS == DV_ONLY:
         # Both S slices first: slice b's runs on the tensor cores while slice a's P is made.
@@ -297,8 +316,6 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         else:
             dk_int = warpgroup_mma(ds8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)),
                                    zero_acc, use_acc=False, is_async=True)
-    if not EARLY:
-        nxt = _load_scales(next_blk, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK)
     if PASS == BOTH:
         dv_int = warpgroup_mma_wait(1, deps=[dv_int])
         dv += dv_int.to(gl.float32) * dv_scale
@@ -318,7 +335,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         else:
             _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
                         delta_smem, bars, r + STAGES, blk + STAGES, 1, q_row0, t_row0, vb, vh, STAGES, SLICE)
-    return dv, dk, nxt
+    return dv, dk
 
 
 @gluon.jit
@@ -328,9 +345,9 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr):
     gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
     gl.static_assert(KV_BLOCK == SLICE, "one kv tile per program, as tall as a slice")
-    # The next block's scales are loaded at the start of a block at d=64 (their global-load latency
-    # hidden by a whole block: -2..-3%), near its end at d=128 (early there: +0.5-1%, at 255 registers)
-    EARLY: gl.constexpr = PASS == BOTH
+    # _stage_scales: [SCALE_CHUNK, 8] records, 2 per thread; _block_scales: a whole record per thread
+    stage_layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0])
+    rec_layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, SLICE, 32])
     dp_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -402,41 +419,43 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     k_scale = gl.load(SK + bh * (N // KV_BLOCK) + pid_n)
     SQ_bh = SQ + bh * (N // Q_BLOCK)
     SDO_bh = SDO + bh * (N // Q_BLOCK)
-    TS_col = TILE_SCALES + bh.to(gl.int64) * (N // Q_BLOCK) * (N // KV_BLOCK) * 4 + pid_n * 4
+    TS_kv = TILE_SCALES + (bh.to(gl.int64) * (N // KV_BLOCK) + pid_n) * (N // Q_BLOCK) * 4   # kv-major
+    sc_smem = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
+    _stage_scales(sc_smem, first, N // Q_BLOCK, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
     qk_const = sm_scale * 1.4426950408889634
     offs_kv = start_n + gl.arange(0, KV_BLOCK, layout=gl.SliceLayout(1, s_layout))
     dv = gl.zeros([KV_BLOCK, HEAD_DIM], gl.float32, acc_layout)
     dk = gl.zeros([KV_BLOCK, HEAD_DIM], gl.float32, acc_layout)
+    _cta_barrier()   # the records are in shared memory
     mbarrier.wait(kv_bar, 0)
 
-    last = N // Q_BLOCK - 1
-    sc = _load_scales(first, SQ_bh, SDO_bh, TS_col, N, KV_BLOCK)
     loop_start = 0
     if CAUSAL:
         # The diagonal block: the kv tile is its first slice (slice a masked, b full) or its
         # second (slice a wholly above the diagonal: skipped; b masked).
         if start_n % Q_BLOCK == 0:
-            dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
-                                  delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                                  n_blocks, q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const,
-                                  gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
-                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                                  PASS, BLOCKED, True, True, False, EARLY)
+            dv, dk = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                              delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                              n_blocks, q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const,
+                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                              PASS, BLOCKED, True, True, False, rec_layout)
         else:
-            dv, dk, sc = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
-                                  delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                                  n_blocks, q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const,
-                                  gl.minimum(first + 1, last), SQ_bh, SDO_bh, TS_col, N,
-                                  s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                                  PASS, BLOCKED, False, False, True, EARLY)
+            dv, dk = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                              delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                              n_blocks, q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const,
+                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                              PASS, BLOCKED, False, False, True, rec_layout)
         loop_start = 1
     for r in range(loop_start, n_blocks):
-        dv, dk, sc = _q_block(r, first + r, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
-                              delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
-                              q_row0, t_row0, vb, vh, offs_kv, *sc, k_scale, qk_const, gl.minimum(first + r + 1, last),
-                              SQ_bh, SDO_bh, TS_col, N,
-                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                              PASS, BLOCKED, True, False, False, EARLY)
+        if (r % SCALE_CHUNK == 0) & (r > 0):   # the next chunk of records (sequences above 4096)
+            _cta_barrier()   # every warp is done with the last chunk
+            _stage_scales(sc_smem, first + r, N // Q_BLOCK, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
+            _cta_barrier()
+        dv, dk = _q_block(r, first + r, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                          delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
+                          q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const,
+                          s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
+                          PASS, BLOCKED, True, False, False, rec_layout)
     for i in gl.static_range(2 * STAGES + 1):
         mbarrier.invalidate(bars.index(i))
 

@@ -82,7 +82,7 @@ def _tile_maxima(p, ds, xbuf, all_layout: gl.constexpr):
 
 @gluon.jit
 def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, xbuf, lse, delta, offs_m,
-          q_scale, qk_const, SK_bh, TS_row, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem,
+          q_scale, qk_const, SK_bh, TS_q, TS_step, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem,
           bars, row0, t_row0, vb, vh, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
           op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
           Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr,
@@ -121,7 +121,7 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
     p_scale, p_inv = _block_scales(p_amax)
     ds_scale, ds_inv = _block_scales(ds_amax)
     slot4 = gl.arange(0, 4, layout=ts_layout)
-    gl.store(TS_row + j * 4 + slot4,
+    gl.store(TS_q + j * TS_step + slot4,
              gl.where(slot4 == 0, p_scale, gl.where(slot4 == 1, p_inv, gl.where(slot4 == 2, ds_scale, ds_inv))))
     return dq, _int8_bits(ds, ds_inv), ds_scale * k_scale   # own amax: in range
 
@@ -129,9 +129,9 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
 @gluon.jit
 def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
           xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh,
-          TS_row, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr,
-          all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr, Q_ROWS: gl.constexpr,
-          KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr):
+          TS_q, TS_step, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
+          op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
+          Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr):
     """Tiles 2u and 2u+1 (ring slot u % STAGES). Unless FIRST, the previous pair's last dS^ comes
     in (ds_prev, scale_prev; its K^T in prev_slot), and tile 2u refills that slot."""
     slot = u % STAGES
@@ -142,13 +142,13 @@ def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_sme
     kt_prev = kt_smem.index(prev_slot).slice(KV_ROWS, KV_ROWS, dim=1)
     refill = u - 1 + STAGES
     dq, ds_a, scale_a = _tile(2 * u, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_pair.slice(0, KV_ROWS),
-                              v_pair.slice(0, KV_ROWS), xbuf_a, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
-                              refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, row0, t_row0,
-                              vb, vh, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES,
+                              v_pair.slice(0, KV_ROWS), xbuf_a, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,
+                              TS_step, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, row0,
+                              t_row0, vb, vh, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES,
                               Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST)
     dq, ds_b, scale_b = _tile(2 * u + 1, dq, ds_a, scale_a, kt_pair.slice(0, KV_ROWS, dim=1), q_smem, do_smem,
                               k_pair.slice(KV_ROWS, KV_ROWS), v_pair.slice(KV_ROWS, KV_ROWS), xbuf_b, lse, delta,
-                              offs_m, q_scale, qk_const, SK_bh, TS_row, refill, n_pairs, k_desc, kt_desc, v_desc,
+                              offs_m, q_scale, qk_const, SK_bh, TS_q, TS_step, refill, n_pairs, k_desc, kt_desc, v_desc,
                               k_smem, kt_smem, v_smem, bars, row0, t_row0, vb, vh, s_layout, dp_layout, acc_layout,
                               op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, False, MASK, False)
     return dq, ds_b, scale_b, slot
@@ -211,7 +211,9 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
     delta = gl.load(DELTA + row0 + offs_m)
     q_scale = gl.load(SQ + bh * (N // Q_ROWS) + pid_m)
     SK_bh = SK + bh * (N // KV_ROWS)
-    TS_row = TILE_SCALES + (bh.to(gl.int64) * (N // Q_ROWS) + pid_m) * (N // KV_ROWS) * 4
+    # kv-major (bh, kv tile, q block, 4), as backward.py's
+    TS_q = TILE_SCALES + bh.to(gl.int64) * (N // Q_ROWS) * (N // KV_ROWS) * 4 + pid_m * 4
+    TS_step = (N // Q_ROWS) * 4   # from one kv tile's record to the next
     qk_const = sm_scale * 1.4426950408889634
     dq = gl.zeros([Q_ROWS, HEAD_DIM], gl.float32, acc_layout)
     ds_bits = gl.zeros([Q_ROWS, KV_ROWS], gl.int32, s_layout)   # no product in flight before tile 0
@@ -229,25 +231,25 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
         dq, ds_bits, scale, slot = _pair(
             gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
             xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
-            SK_bh, TS_row, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
+            SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
             KV_ROWS, HEAD_DIM, True, False)
         for u in range(1, n_unmasked):
             dq, ds_bits, scale, slot = _pair(
                 u, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars,
-                k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_row,
-                s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS,
+                k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,
+                TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS,
                 HEAD_DIM, False, False)
         if CAUSAL:
             dq, ds_bits, scale, slot = _pair(
                 n_pairs - 1, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
                 xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
-                SK_bh, TS_row, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
+                SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
                 KV_ROWS, HEAD_DIM, False, True)
     else:   # causal, first q block: only the diagonal pair
         dq, ds_bits, scale, slot = _pair(
             gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
             xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
-            SK_bh, TS_row, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
+            SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
             KV_ROWS, HEAD_DIM, True, True)
     # the last tile's product
     dq_int = warpgroup_mma(as_a_operand(ds_bits.to(gl.int8), op_layout),

@@ -9,7 +9,7 @@ backward.py runs 128 kv rows on two warpgroups that synchronise every step (ncu:
 in int32 on the tensor cores (the dK/dV pass at d=64):
 
     issue S_a, dP_a | P_a (S_a) -> issue dV_a | dS_a (dP_a) -> issue dK_a | issue S_b, dP_b
-    P_b -> issue dV_b (onto dV_a) | dS_b -> issue dK_b (onto dK_a) | load the next block's scales
+    P_b -> issue dV_b (onto dV_a) | dS_b -> issue dK_b (onto dK_a)
     convert dV (while dK_b runs) | convert dK
 
 What made it faster than the Triton kernel (ncu, (8,16,4096,64) causal, H200; docs/kernel-notes.md
@@ -17,14 +17,14 @@ v15-v16) was not the overlap with the tensor cores (wgmma waits were never a lar
 the loads: the Triton kernel spills at 255 registers and reloads inside its loop, and both
 versions waited on global loads of LSE, delta and the block scales (long scoreboard 0.7 cycles
 per instruction). Here LSE and delta come by TMA with the q block and are read from shared
-memory after the S/dP waits (short live ranges, no spills), and the six scales of the next
-block are loaded near the end of the current one. A q block comes as one TMA copy per tensor
+memory after the S/dP waits (short live ranges, no spills), and the block scales are staged in
+shared memory for 32 blocks at a time (_stage_scales). A q block comes as one TMA copy per tensor
 (every copy costs a CTA barrier and ~13 instructions here), except in the d=128 dK pass: there
 every slice has its own copies and ring barrier, so with one pipeline stage (to keep two
 programs per SM) it refills slice a's buffers as soon as slice a is done, while slice b still
 runs. P^ and dS^ reach the INT8 dots without lane shuffles (as_a_operand: Q^T and dO^T are in k
-order). (8,16,4096,64) causal: dK/dV 1.55 -> 1.28 ms; (8,8,4096,128): 1.52 -> 1.28 ms causal,
-2.68 -> 1.99 ms without a mask.
+order); dS^ saturates in the fma itself (_saturated_ds_bits). (8,16,4096,64) causal: dK/dV
+1.55 -> 1.13 ms; (8,8,4096,128): 1.52 -> 1.27 ms causal, 2.68 -> 1.97 ms without a mask.
 
 Limits (else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no Q-smoothing.
 """

@@ -75,13 +75,17 @@ class CausalSelfAttention(nn.Module):
         """x: (batch, seq, hidden), tokens start_pos.. of their sequences (non-zero for a
         sequence-parallel shard, so RoPE sees the tokens' true positions)."""
         batch, seq, hidden = x.shape
-        # (batch, seq, 3, heads, head_dim) -> three tensors of (batch, heads, seq, head_dim)
-        q, k, v = (self.qkv(x).view(batch, seq, 3, self.num_heads, self.head_dim)
-                   .permute(2, 0, 3, 1, 4).unbind(0))
+        # (batch, seq, 3 * hidden) -> three (batch, heads, seq, head_dim) views. Split along the
+        # projection's last dim, the backward joins the three gradients there in one copy (an
+        # unbind of a (batch, seq, 3, heads, head_dim) view stacks them and then copies the stack
+        # into the projection's layout: two copies, 0.3 ms per layer at (8, 16, 4096, 64), H200).
+        q, k, v = (t.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
+                   for t in self.qkv(x).split(hidden, dim=-1))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         positions = None if start_pos == 0 else torch.arange(start_pos, start_pos + seq,
                                                              device=x.device)
         q, k = self.rope(q, positions), self.rope(k, positions)
         y = self.core(q, k, v)
+        # y is (batch, seq, heads, head_dim) in memory for sagebwd and SDPA's FLASH: a view here
         return self.out(y.transpose(1, 2).reshape(batch, seq, hidden))

@@ -19,9 +19,9 @@ class HeadsFirst(nn.Module):
         self.core = core
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # contiguous: the kernels get the same memory layout as without SP
-        out = self.core(q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(),
-                        v.transpose(1, 2).contiguous())
+        # Views, no copies: the kernels read (batch, seq, heads, dim) memory as they do without SP,
+        # and return O in it (sagebwd and SDPA's FLASH), which the second all-to-all takes as is.
+        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return out.transpose(1, 2)
 
 
@@ -37,7 +37,8 @@ class UlyssesAttention(nn.Module):
                                               gather_idx=1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # contiguous: the all-to-all reshapes its input with views
+        # contiguous (the all-to-all reshapes its input with views): a no-op for q and k, which RoPE
+        # writes in (batch, seq, heads, dim) memory; v, a view of the qkv projection, is copied
         out = self.dist_attn(q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(),
                              v.transpose(1, 2).contiguous(), batch_dim_idx=0)
         return out.transpose(1, 2)

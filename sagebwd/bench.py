@@ -92,17 +92,17 @@ def time_impl(impl: str, shape, causal: bool, mode: str) -> dict:
 
 def time_model_layout(impl: str, shape) -> float:
     """Median ms of one causal fwd+bwd as the model runs it (model/attention.py): q, k, v views of
-    one (B, N, 3, H, D) qkv projection, the output reshaped to (B, N, H*D); its reshapes and the
-    stacked qkv gradient (PyTorch copies outside the attention op) included."""
+    one (B, N, 3*H*D) qkv projection split along its last dim, the output reshaped to (B, N, H*D);
+    the reshapes and the joined qkv gradient (PyTorch copies outside the attention op) included."""
     import triton
     b, h, n, d = shape
     gen = torch.Generator(device="cuda").manual_seed(0)
-    qkv = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    qkv = torch.randn(b, n, 3 * h * d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     grad = torch.randn(b, n, h * d, device="cuda", dtype=torch.bfloat16, generator=gen)
     fn = attention_fn(impl, True)
 
     def step():
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = (t.view(b, n, h, d).transpose(1, 2) for t in qkv.split(h * d, dim=-1))
         fn(q, k, v).transpose(1, 2).reshape(b, n, h * d).backward(grad)
     return triton.testing.do_bench(step, grad_to_none=[qkv], return_mode="median")
 

@@ -104,7 +104,9 @@ def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strid
 
     result = {"name": name, "seconds": seconds, "inference_equal": bool(torch.equal(o, o_inference)),
               "finite": all(bool(torch.isfinite(t).all()) for t in (o, *grads)),
-              "dtypes_ok": all(t.dtype == dtype for t in (o, *grads))}
+              "dtypes_ok": all(t.dtype == dtype for t in (o, *grads)),
+              # O and the gradients dense in q's memory order (FlashAttention's convention)
+              "layout_ok": all(t.stride() == q.stride() for t in (o, *grads))}
     for key, out, sim, ref in zip(("o", "dq", "dk", "dv"), (o, *grads), (o_sim, *grads_sim),
                                   (fpa.o, fpa.dq, fpa.dk, fpa.dv)):
         result[key] = {"vs_sim": _rel(out, sim), "sim_vs_fpa": _rel(sim, ref)}
@@ -179,6 +181,7 @@ def results() -> dict:
 def test_kernels_match_simulation(results, case):
     r = results[case[0]]
     assert r["finite"] and r["dtypes_ok"], r
+    assert r["layout_ok"], "O or a gradient is not in q's memory order"
     assert r["inference_equal"], "forward without grad (no transposed copies) changed O"
     for key in ("o", "dq", "dk", "dv"):
         err, int8_err = r[key]["vs_sim"], r[key]["sim_vs_fpa"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
@@ -24,6 +25,17 @@ COMPILED: dict = {}
 # Launch settings (num_warps, num_stages) to use instead of the defaults, by kernel name;
 # set only by the benchmark's sweep.
 LAUNCH_OVERRIDES: dict = {}
+
+
+def empty_in_layout_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A dense tensor of t's shape in t's dimension order, head_dim innermost (contiguous where t's
+    head_dim is not unit-stride): where the op writes O and the gradients, as FlashAttention does.
+    In the model q, k, v are views of one (B, N, 3 H D) projection: O then comes out (B, N, H, D)
+    in memory, which the output projection reads without a copy, and the gradients' (B, N, H, D)
+    order lets autograd join them along the projection's last dim in one vectorised copy."""
+    if t.stride(-1) != 1:
+        return torch.empty(t.shape, device=t.device, dtype=dtype)
+    return torch.empty_like(t, dtype=dtype)
 
 
 def remember(name: str, compiled) -> None:

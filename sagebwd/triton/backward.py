@@ -31,8 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (DS_SPAN, LAUNCH_OVERRIDES, LOG2E, block_scales, gluon_kernels, int_to_float, interpreting,
-                      launch, launch_settings, round_scaled_to_int8, saturated_ds_to_int8, to_k_order)
+from ._common import (DS_SPAN, LAUNCH_OVERRIDES, LOG2E, block_scales, empty_in_layout_of, gluon_kernels,
+                      int_to_float, interpreting, launch, launch_settings, round_scaled_to_int8,
+                      saturated_ds_to_int8, to_k_order)
 from . import dkdv_hopper, dq_hopper
 from .forward import smooth_q_bias
 
@@ -95,6 +96,7 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
                stride_vb, stride_vh, stride_vn, stride_vd,
                stride_dob, stride_doh, stride_don, stride_dod,
                stride_kfb, stride_kfh, stride_kfn, stride_kfd,
+               stride_gb, stride_gh, stride_gn,
                sm_scale, H, N,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr,
@@ -143,7 +145,8 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
                        K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
                        BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32)
-    tl.store(DQ + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty))
+    tl.store(DQ + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gn + offs_d[None, :],
+             (dq * sm_scale).to(DQ.dtype.element_ty))
 
 
 @triton.jit
@@ -245,6 +248,7 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
                  stride_vb, stride_vh, stride_vn, stride_vd,
                  stride_dob, stride_doh, stride_don, stride_dod,
                  stride_kfb, stride_kfh, stride_kfn, stride_kfd,
+                 stride_gb, stride_gh, stride_gn,
                  sm_scale, H, N,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr,
                  HEAD_DIM: tl.constexpr, SPLIT_D: tl.constexpr, CHAIN: tl.constexpr, CAUSAL: tl.constexpr,
@@ -311,7 +315,7 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
             stride_don, stride_dod, qk_const, N,
             BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS)
     offs_h = tl.arange(0, DH)
-    out = seq_base + offs_n[:, None] * HEAD_DIM + offs_h[None, :]
+    out = b * stride_gb + h * stride_gh + offs_n[:, None] * stride_gn + offs_h[None, :]
     if PASS != DV_ONLY:
         tl.store(DK + out, (dk_a * sm_scale).to(DK.dtype.element_ty))
         if SPLIT_D == 2:
@@ -364,11 +368,13 @@ def _dq_launch(block_q: int, block_kv: int, d: int) -> dict:
 
 
 def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, causal: bool,
-             smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None):
-    """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype). do and v may have any strides;
+             smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None,
+             layout_of=None):
+    """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype), all three in layout_of's memory
+    order (contiguous without it; _common.empty_in_layout_of). do and v may have any strides;
     lse2 is the forward's LSE times log2(e) (backward_preprocess writes it)."""
     b, h, n, d = q8.shape
-    dq = torch.empty(b, h, n, d, device=q8.device, dtype=out_dtype or v.dtype)
+    dq = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype or v.dtype)
     dk = torch.empty_like(dq)
     dv = torch.empty_like(dq)
     # (p_scale, p_inv, ds_scale, ds_inv) per tile, kv-major: a dK/dV program's are contiguous. Zeros:
@@ -381,7 +387,7 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
     k_mean = k_mean if (smooth_q and smooth_k) else s_q
     sm_scale = 1.0 / math.sqrt(d)
     flags = dict(HEAD_DIM=d, CAUSAL=causal, SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, DOT_F32=interpreting())
-    strides = (*v.stride(), *do.stride(), *kf.stride())
+    strides = (*v.stride(), *do.stride(), *kf.stride(), *dq.stride()[:3])   # dk, dv: dq's
     gluon = gluon_kernels(q8.device)
     if "dq" in gluon and dq_hopper.supports(head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
         grid, args, kwargs = dq_hopper.launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales,

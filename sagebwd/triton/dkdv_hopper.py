@@ -340,7 +340,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
 
 @gluon.jit
 def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                 SQ, SK, SDO, TILE_SCALES, DK, DV, sm_scale, N, H,
+                 SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H,
                  HEAD_DIM: gl.constexpr, Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, SLICE: gl.constexpr,
                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr):
     gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
@@ -461,7 +461,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
 
     offs_r = start_n + gl.arange(0, KV_BLOCK, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    out = bh.to(gl.int64) * N * HEAD_DIM + offs_r[:, None] * HEAD_DIM + offs_d[None, :]
+    out = vb.to(gl.int64) * stride_gb + vh.to(gl.int64) * stride_gh + offs_r[:, None] * stride_gn + offs_d[None, :]
     if PASS != DV_ONLY:
         gl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty))
     if PASS != DK_ONLY:
@@ -521,7 +521,7 @@ def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales,
         return (*kv, _desc(q8.reshape(rows, d), [q_rows, d]), seq_desc(do, q_rows),
                 _desc(q8t.reshape(b * h * d, n), [d, q_rows]), _desc(do8t.reshape(b * h * d, n), [d, q_rows]),
                 _desc(lse2.reshape(rows), [q_rows]), _desc(delta.reshape(rows), [q_rows]),
-                s_q, s_k, s_do, tile_scales, dk, dv, 1.0 / d ** 0.5, n, h)
+                s_q, s_k, s_do, tile_scales, dk, dv, *dk.stride()[:3], 1.0 / d ** 0.5, n, h)
     kwargs = dict(HEAD_DIM=d, Q_BLOCK=block_q, KV_BLOCK=ROWS, SLICE=SLICE, CAUSAL=causal, STAGES=STAGES,
                   num_warps=4)
     grid = (n // ROWS, b * h)

@@ -155,7 +155,8 @@ def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_sme
 
 
 @gluon.jit
-def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, TILE_SCALES, sm_scale, N, H,
+def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn,
+               TILE_SCALES, sm_scale, N, H,
                HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
                STAGES: gl.constexpr):
     gl.static_assert(Q_ROWS == 2 * KV_ROWS, "the causal diagonal is the block's last tile pair")
@@ -261,7 +262,8 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
 
     offs_r = start_m + gl.arange(0, Q_ROWS, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    gl.store(DQ + bh.to(gl.int64) * N * HEAD_DIM + offs_r[:, None] * HEAD_DIM + offs_d[None, :],
+    DQ_bh = DQ + (bh // H).to(gl.int64) * stride_gb + (bh % H).to(gl.int64) * stride_gh
+    gl.store(DQ_bh + offs_r[:, None] * stride_gn + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty))
 
 
@@ -277,6 +279,6 @@ def launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, c
     rows = b * h * n
     args = (_desc(q8.reshape(rows, d), [Q_ROWS, d]), seq_desc(do, Q_ROWS),
             _desc(k8.reshape(rows, d), [2 * KV_ROWS, d]), _desc(k8t.reshape(b * h * d, n), [d, 2 * KV_ROWS]),
-            seq_desc(v, 2 * KV_ROWS), s_q, s_k, lse2, delta, dq, tile_scales, 1.0 / d ** 0.5, n, h)
+            seq_desc(v, 2 * KV_ROWS), s_q, s_k, lse2, delta, dq, *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h)
     kwargs = dict(HEAD_DIM=d, Q_ROWS=Q_ROWS, KV_ROWS=KV_ROWS, CAUSAL=causal, STAGES=STAGES, num_warps=8)
     return (n // Q_ROWS, b * h), args, kwargs

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from . import forward_hopper
-from ._common import (LAUNCH_OVERRIDES, LN2, LOG2E, gluon_kernels, int_to_float, launch, launch_settings,
-                      round_scaled_to_int8, to_k_order)
+from ._common import (LAUNCH_OVERRIDES, LN2, LOG2E, empty_in_layout_of, gluon_kernels, int_to_float, launch,
+                      launch_settings, round_scaled_to_int8, to_k_order)
 
 
 @triton.jit
@@ -82,7 +82,7 @@ def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
 
 @triton.jit
 def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
-                    stride_kfb, stride_kfh, stride_kfn, stride_kfd,
+                    stride_kfb, stride_kfh, stride_kfn, stride_kfd, stride_ob, stride_oh, stride_on,
                     sm_scale, H, N,
                     BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                     CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr):
@@ -127,7 +127,8 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
                                        stride_kfn, stride_kfd, bias_scale, N,
                                        BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K)
     o = acc * (1.0 / l_i)[:, None]
-    tl.store(O + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty))
+    O_bh = O + (bh // H).to(tl.int64) * stride_ob + (bh % H).to(tl.int64) * stride_oh
+    tl.store(O_bh + offs_m[:, None] * stride_on + offs_d[None, :], o.to(O.dtype.element_ty))
     tl.store(LSE + bh * N + offs_m, m_i * LN2 + tl.log(l_i))
 
 
@@ -150,8 +151,9 @@ def _launch_settings(rows: int, head_dim: int) -> dict:
 
 
 def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool,
-            mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int):
-    """O (B,H,N,D) in out_dtype and LSE (B,H,N) fp32 from the quantised operands.
+            mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, layout_of=None):
+    """O (B,H,N,D) in out_dtype, in layout_of's memory order (contiguous without it;
+    _common.empty_in_layout_of), and LSE (B,H,N) fp32 from the quantised operands.
 
     mu_q (B,H,N/block_q,D), k (the unquantised K, any strides) and k_mean (B*H,D) are needed
     only with Q-smoothing (mu_q not None), for the bias mu_i . K_sm^T.
@@ -160,15 +162,16 @@ def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bo
     smooth_q = mu_q is not None
     if "forward" in gluon_kernels(q8.device) and forward_hopper.supports(
             head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
-        return forward_hopper.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=out_dtype, causal=causal, block_q=block_q)
-    o = torch.empty(b, h, n, d, device=q8.device, dtype=out_dtype)
+        return forward_hopper.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=out_dtype, causal=causal, block_q=block_q,
+                                      layout_of=layout_of)
+    o = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype)
     lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
     kf = k if smooth_q else q8
     rows = forward_rows(block_q, d)
     launch("forward", _forward_kernel, (n // rows, b * h),
         q8, k8, v8t, s_q, s_k, s_v, o, lse,
         mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,
-        *kf.stride(), 1.0 / math.sqrt(d), h, n,
+        *kf.stride(), *o.stride()[:3], 1.0 / math.sqrt(d), h, n,
         BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=block_kv, HEAD_DIM=d, CAUSAL=causal,
         SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, **_launch_settings(rows, d))
     return o, lse

@@ -93,7 +93,7 @@ def _step(j, n_tiles, acc, l_i, m_i, alpha, c, p8, q_smem, k_smem, v_smem, bars,
 
 
 @gluon.jit
-def _forward_kernel(q_desc, k_desc, v_desc, SQ, SK, SV, O, LSE, sm_scale, N,
+def _forward_kernel(q_desc, k_desc, v_desc, SQ, SK, SV, O, LSE, stride_ob, stride_oh, stride_on, sm_scale, N, H,
                     BLOCK_M: gl.constexpr, Q_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     gl.static_assert(BLOCK_M == BLOCK_N, "the causal diagonal must be exactly the last tile")
@@ -177,8 +177,8 @@ def _forward_kernel(q_desc, k_desc, v_desc, SQ, SK, SV, O, LSE, sm_scale, N,
     o = acc * (1.0 / gl.convert_layout(l_i, row_o))[:, None]
     offs_mo = start_m + gl.arange(0, BLOCK_M, layout=row_o)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    seq_base = bh.to(gl.int64) * N * HEAD_DIM
-    gl.store(O + seq_base + offs_mo[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty))
+    O_bh = O + (bh // H).to(gl.int64) * stride_ob + (bh % H).to(gl.int64) * stride_oh
+    gl.store(O_bh + offs_mo[:, None] * stride_on + offs_d[None, :], o.to(O.dtype.element_ty))
     gl.store(LSE + bh * N + offs_m, m_i * G_LN2 + gl.log(l_i))
 
 
@@ -201,7 +201,7 @@ def descriptors(q8, k8, v8t):
 def launch_args(q8, k8, v8t, s_q, s_k, s_v, o, lse, *, causal: bool, block_q: int):
     """(grid, args, kwargs) of one launch; shared by forward() and the offline compiler."""
     b, h, n, d = q8.shape
-    args = (*descriptors(q8, k8, v8t), s_q, s_k, s_v, o, lse, 1.0 / math.sqrt(d), n)
+    args = (*descriptors(q8, k8, v8t), s_q, s_k, s_v, o, lse, *o.stride()[:3], 1.0 / math.sqrt(d), n, h)
     kwargs = dict(BLOCK_M=BLOCK, Q_BLOCK=block_q, BLOCK_N=BLOCK, HEAD_DIM=d, CAUSAL=causal, STAGES=STAGES,
                   num_warps=4)
     if d == 64:   # 4 programs per SM: causal (8,16,4096,64) 0.888 -> 0.822 ms on an H200 (10 B spilled)
@@ -209,11 +209,12 @@ def launch_args(q8, k8, v8t, s_q, s_k, s_v, o, lse, *, causal: bool, block_q: in
     return (n // BLOCK, b * h), args, kwargs
 
 
-def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, block_q: int):
-    """O (B,H,N,D) in out_dtype and LSE (B,H,N) fp32, as forward.forward without Q-smoothing."""
-    from ._common import launch
+def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, block_q: int, layout_of=None):
+    """O (B,H,N,D) in out_dtype (in layout_of's memory order) and LSE (B,H,N) fp32, as
+    forward.forward without Q-smoothing."""
+    from ._common import empty_in_layout_of, launch
     b, h, n, d = q8.shape
-    o = torch.empty(b, h, n, d, device=q8.device, dtype=out_dtype)
+    o = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype)
     lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
     grid, args, kwargs = launch_args(q8, k8, v8t, s_q, s_k, s_v, o, lse, causal=causal, block_q=block_q)
     launch("forward", _forward_kernel, grid, *args, **kwargs)

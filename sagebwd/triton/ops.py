@@ -15,6 +15,7 @@ import torch
 from . import backward as _bwd
 from . import forward as _fwd
 from . import quantize as _quant
+from ._common import empty_in_layout_of
 
 _LIB = "sagebwd_triton"
 _MAX_BLOCK = 256   # larger tiles would not fit in registers
@@ -48,7 +49,7 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     k8, k8t, s_k, _ = _quant.quantize_blocks(k, block_kv, mean=k_mean, cols=for_backward)
     _, v8t, s_v, _ = _quant.quantize_blocks(v, block_kv, rows=False, cols=True)
     o, lse = _fwd.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=q.dtype, causal=causal, smooth_k=smooth_k,
-                          mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv)
+                          mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv, layout_of=q)
     def unused(dtype=torch.float32):   # a fresh empty tensor each: op outputs must not alias
         return torch.empty(0, device=q.device, dtype=dtype)
     return (o, lse, q8, q8t if for_backward else unused(torch.int8), s_q, k8,
@@ -61,7 +62,7 @@ def _forward_fake(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, for_ba
     b, h, n, d = q.shape
     i8, f32 = torch.int8, torch.float32
     t = (q.new_empty((b, h, d, n), dtype=i8) if for_backward else q.new_empty((0,), dtype=i8))
-    return (q.new_empty((b, h, n, d)), q.new_empty((b, h, n), dtype=f32),
+    return (empty_in_layout_of(q, q.dtype), q.new_empty((b, h, n), dtype=f32),
             q.new_empty((b, h, n, d), dtype=i8), t, q.new_empty((b, h, n // block_q), dtype=f32),
             q.new_empty((b, h, n, d), dtype=i8), t.new_empty(t.shape), q.new_empty((b, h, n // block_kv), dtype=f32),
             q.new_empty((b, h, n // block_q, d), dtype=f32) if smooth_q else q.new_empty((0,), dtype=f32),
@@ -77,14 +78,13 @@ def _backward_op(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, q8: torch
     delta, lse2, do8t, s_do = _quant.backward_preprocess(do, o, lse, block_q)
     return _bwd.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, causal=causal,
                          smooth_k=smooth_k, mu_q=mu_q if smooth_q else None, k=k,
-                         k_mean=k_mean if smooth_k else None, block_q=block_q, block_kv=block_kv)
+                         k_mean=k_mean if smooth_k else None, block_q=block_q, block_kv=block_kv, layout_of=o)
 
 
 @_backward_op.register_fake
 def _backward_fake(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, smooth_k,
                    smooth_q, block_q, block_kv):
-    shape = q8.shape
-    return v.new_empty(shape), v.new_empty(shape), v.new_empty(shape)
+    return tuple(empty_in_layout_of(o, v.dtype) for _ in range(3))   # in O's (= q's) memory order
 
 
 def _setup_context(ctx, inputs, output):
@@ -116,7 +116,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     """SageBwd attention on CUDA (or Triton's interpreter): O (B,H,N,D) in the input dtype.
 
     q, k, v: (batch, heads, seq, head_dim), fp16 or bf16, any strides (a permuted view of a
-    (seq, batch, heads, dim) tensor works without a copy); O is returned contiguous.
+    (seq, batch, heads, dim) tensor works without a copy). O and the gradients are dense in q's
+    memory order, as FlashAttention returns them (_common.empty_in_layout_of): for q a view of a
+    (batch, seq, heads, dim) tensor, O.transpose(1, 2) is a contiguous (batch, seq, heads, dim).
     """
     for_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     return _forward_op(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, for_backward)[0]

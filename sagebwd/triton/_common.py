@@ -263,6 +263,24 @@ def block_scales(amax):
 
 
 @triton.jit
+def tile_scales(amax, EXACT_SCALE: tl.constexpr):
+    """(scale, inv) of a P or dS tile (the dQ kernels' per-tile scales): inv by the GPU's
+    approximate division (MUFU.RCP and a multiply, within 2 ulps), the scale by a multiply with
+    fl(1/127) (1 ulp), or by IEEE division if EXACT_SCALE. These tiles already differ from the
+    simulation in their last bits (exp2, tensor-core sums), and the IEEE divisions of
+    block_scales take ~8 instructions each with a slow-path check, four per tile: 1.5 of the
+    d=64 dQ kernel's 19 instructions per score element (v27). inv never exceeds 127 / amax by
+    enough to round amax past 127. EXACT_SCALE is for the d=128 Gluon dQ (dq_hopper), where the
+    multiply moved ptxas from 252 registers to 255 and 16 bytes of spills (+2..5%)."""
+    if EXACT_SCALE:
+        scale = tl.math.div_rn(amax, 127.0)
+    else:
+        scale = amax * (1.0 / 127.0)
+    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+    return scale, inv
+
+
+@triton.jit
 def quantize_tile(x):
     """Per-tile INT8 of a 2-D fp32 tile: returns (int8 tile, scale)."""
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)

@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (DS_SPAN, LAUNCH_OVERRIDES, LOG2E, block_scales, empty_in_layout_of, gluon_kernels,
-                      int_to_float, interpreting, launch, launch_settings, round_scaled_to_int8,
-                      saturated_ds_to_int8, to_k_order)
+from ._common import (DS_SPAN, LAUNCH_OVERRIDES, LOG2E, empty_in_layout_of, gluon_kernels, int_to_float,
+                      interpreting, launch, launch_settings, round_scaled_to_int8, saturated_ds_to_int8,
+                      tile_scales, to_k_order)
 from . import dkdv_hopper, dq_hopper
 from .forward import smooth_q_bias
 
@@ -81,8 +81,8 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
         ds = p * (dp - delta[:, None])
         # Both tile maxima in one cross-warp reduction (P >= 0 needs no abs).
         p_amax, ds_amax = tl.reduce((tl.max(p, axis=1), tl.max(tl.abs(ds), axis=1)), 0, _max_pair)
-        p_scale, p_inv = block_scales(p_amax)
-        ds_scale, ds_inv = block_scales(ds_amax)
+        p_scale, p_inv = tile_scales(p_amax, HEAD_DIM > 64)   # as dq_hopper's (bit-identical)
+        ds_scale, ds_inv = tile_scales(ds_amax, HEAD_DIM > 64)
         tl.store(TS_q + j * TS_step + slot,
                  tl.where(slot == 0, p_scale, tl.where(slot == 1, p_inv, tl.where(slot == 2, ds_scale, ds_inv))))
         ds8 = to_k_order(round_scaled_to_int8(ds, ds_inv))   # own amax: in range; K^T in k order

@@ -59,10 +59,13 @@ def _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, 
 
 
 @gluon.jit
-def _block_scales(amax):
-    """_common.block_scales: (amax / 127, 127 / amax or 0), each one IEEE-rounded division."""
-    scale = gl.div_rn(amax, 127.0)
-    inv = gl.where(amax > 0, gl.div_rn(127.0, gl.maximum(amax, 1e-30)), 0.0)
+def _block_scales(amax, EXACT_SCALE: gl.constexpr):
+    """_common.tile_scales, the same ops: (amax / 127, 127 / amax or 0)."""
+    if EXACT_SCALE:
+        scale = gl.div_rn(amax, 127.0)
+    else:
+        scale = amax * (1.0 / 127.0)
+    inv = gl.where(amax > 0, 127.0 / gl.maximum(amax, 1e-30), 0.0)
     return scale, inv
 
 
@@ -118,8 +121,8 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
         _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, refill, row0, t_row0, vb, vh, STAGES,
                    KV_ROWS)
     p_amax, ds_amax = _tile_maxima(p, ds, xbuf, all_layout)
-    p_scale, p_inv = _block_scales(p_amax)
-    ds_scale, ds_inv = _block_scales(ds_amax)
+    p_scale, p_inv = _block_scales(p_amax, HEAD_DIM > 64)
+    ds_scale, ds_inv = _block_scales(ds_amax, HEAD_DIM > 64)
     slot4 = gl.arange(0, 4, layout=ts_layout)
     gl.store(TS_q + j * TS_step + slot4,
              gl.where(slot4 == 0, p_scale, gl.where(slot4 == 1, p_inv, gl.where(slot4 == 2, ds_scale, ds_inv))))

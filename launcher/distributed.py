@@ -85,8 +85,12 @@ def shutdown_process_group() -> None:
     Left to the interpreter's exit, the group's gloo threads can be torn down while still
     joinable, which aborts the process after a finished run ("terminate called without an
     active exception", exit -6: seen once in CI, rank 1 of an SP=2 ZeRO-3 run on the CPU).
+    The barrier first: a rank that tore its group down while its peer was still in the run's
+    last collective aborted the same way (seen once more in CI, the DP=2 run under DeepSpeed's
+    own launcher, after all six steps had finished).
     """
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -90,20 +90,27 @@ def time_impl(impl: str, shape, causal: bool, mode: str) -> dict:
     return out
 
 
-def time_model_layout(impl: str, shape) -> float:
-    """Median ms of one causal fwd+bwd as the model runs it (model/attention.py): q, k, v views of
-    one (B, N, 3*H*D) qkv projection split along its last dim, the output reshaped to (B, N, H*D);
-    the reshapes and the joined qkv gradient (PyTorch copies outside the attention op) included."""
-    import triton
+def model_layout_step(impl: str, shape, causal: bool = True):
+    """(step, leaf): one fwd+bwd as the model runs it (model/attention.py): q, k, v views of one
+    (B, N, 3*H*D) qkv projection split along its last dim, the output reshaped to (B, N, H*D);
+    the reshapes and the joined qkv gradient (PyTorch copies outside the attention op) included.
+    leaf is the projection, whose .grad the caller resets."""
     b, h, n, d = shape
     gen = torch.Generator(device="cuda").manual_seed(0)
     qkv = torch.randn(b, n, 3 * h * d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     grad = torch.randn(b, n, h * d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    fn = attention_fn(impl, True)
+    fn = attention_fn(impl, causal)
 
     def step():
         q, k, v = (t.view(b, n, h, d).transpose(1, 2) for t in qkv.split(h * d, dim=-1))
         fn(q, k, v).transpose(1, 2).reshape(b, n, h * d).backward(grad)
+    return step, qkv
+
+
+def time_model_layout(impl: str, shape) -> float:
+    """Median ms of one causal fwd+bwd in the model's layout (model_layout_step)."""
+    import triton
+    step, qkv = model_layout_step(impl, shape)
     return triton.testing.do_bench(step, grad_to_none=[qkv], return_mode="median")
 
 
@@ -431,16 +438,25 @@ def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward")) -> list[dict]:
     return out
 
 
-def kernel_times(shape, causal: bool = True, iters: int = 5) -> dict:
-    """Milliseconds per fwd+bwd spent in each CUDA kernel (torch.profiler), SageBwd only."""
+def kernel_times(shape, causal: bool = True, iters: int = 5, layout: str = "contiguous") -> dict:
+    """Milliseconds per fwd+bwd spent in each CUDA kernel (torch.profiler), SageBwd only; layout
+    "model" profiles model_layout_step instead (its PyTorch copies show up as kernels too)."""
     from torch.profiler import ProfilerActivity, profile
     b, h, n, d = shape
-    q, k, v = [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
-    do = torch.randn_like(q)
-    fn = attention_fn("sage", causal)
-    def step():   # grads set to None first: accumulating into .grad would add elementwise kernels
-        q.grad = k.grad = v.grad = None
-        fn(q, k, v).backward(do)
+    if layout == "model":
+        model_step, qkv = model_layout_step("sage", shape, causal)
+
+        def step():
+            qkv.grad = None
+            model_step()
+    else:
+        q, k, v = [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
+        do = torch.randn_like(q)
+        fn = attention_fn("sage", causal)
+
+        def step():   # grads set to None first: accumulating into .grad would add elementwise kernels
+            q.grad = k.grad = v.grad = None
+            fn(q, k, v).backward(do)
 
     for _ in range(2):
         step()
@@ -455,9 +471,9 @@ def kernel_times(shape, causal: bool = True, iters: int = 5) -> dict:
         if total:
             times[evt.key[:60]] = total / iters / 1000.0
     times = dict(sorted(times.items(), key=lambda kv: -kv[1]))
-    print(f"kernel times {tuple(shape)} causal={causal} (ms per fwd+bwd): "
+    print(f"kernel times {tuple(shape)} causal={causal} {layout} layout (ms per fwd+bwd): "
           + ", ".join(f"{name} {ms:.3f}" for name, ms in times.items()), flush=True)
-    return {"shape": list(shape), "causal": causal, "ms": times}
+    return {"shape": list(shape), "causal": causal, "layout": layout, "ms": times}
 
 
 def environment() -> dict:
@@ -491,6 +507,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel-times", action="store_true", help="per-kernel times of one fwd+bwd (profiler)")
     ap.add_argument("--kernel-shapes", nargs="+", type=_shape, metavar="B,H,N,D",
                     help="with --kernel-times: these shapes instead of the two causal targets")
+    ap.add_argument("--kernel-layout", choices=["contiguous", "model"], default="contiguous",
+                    help="with --kernel-times: contiguous (B,H,N,D) inputs, or the model's layout "
+                         "(views of one qkv projection; the PyTorch copies around the op included)")
     ap.add_argument("--kernel-masks", nargs="+", choices=["causal", "full"], default=["causal"],
                     help="with --kernel-times: the masks to time (default causal)")
     ap.add_argument("--gluon", default=None, metavar="KERNELS",
@@ -528,8 +547,8 @@ def main(argv=None) -> int:
                               for dt in (torch.bfloat16, torch.float16)]
         result["check"] = check_correctness(args.quick)
     if args.kernel_times:
-        result["kernel_times"] = [kernel_times(shape, mask == "causal") for shape in (args.kernel_shapes or SHAPES[:2])
-                                  for mask in args.kernel_masks]
+        result["kernel_times"] = [kernel_times(shape, mask == "causal", layout=args.kernel_layout)
+                                  for shape in (args.kernel_shapes or SHAPES[:2]) for mask in args.kernel_masks]
     if args.model_layout:
         result["model_layout"] = model_layout_table(SHAPES[:2])
     shapes = SHAPES[:1] if args.quick else SHAPES

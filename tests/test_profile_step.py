@@ -1,0 +1,47 @@
+"""launcher.profile_step: one device, no DeepSpeed, where a training step's time goes."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from launcher import profile_step
+
+RUN = {
+    "seed": 3,
+    "model": {"preset": "micro", "num_layers": 2, "attention": "sagebwd", "smoothing": "k"},
+    "train": {"steps": 1, "micro_batch_size": 2},
+    "tracking": {"experiment": "test-profile-step", "system_metrics": False},
+}
+
+
+@pytest.fixture()
+def config_path(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(RUN))
+    return path
+
+
+def test_prints_the_step_time_and_its_top_ops(config_path, capsys):
+    assert profile_step.main(["--config", str(config_path), "--steps", "1", "--top", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "attention=sagebwd" in out and "ms per step (wall)" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "ms per step" not in line]
+    assert 1 <= len(rows) <= 5, out
+    # the op's simulation on the CPU is part of the step (its matmuls at least)
+    assert any(float(r.split("|")[1]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--steps", "0"], "--steps 0: give a positive count"),
+    (["--top", "-1"], "--top -1: give a positive count"),
+])
+def test_rejects_counts_below_one(config_path, argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        profile_step.main(["--config", str(config_path), *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_bad_config_key_is_an_error_not_a_traceback(config_path, capsys):
+    assert profile_step.main(["--config", str(config_path), "--set", "model.attention=int4"]) == 2
+    assert "error:" in capsys.readouterr().err

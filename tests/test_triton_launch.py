@@ -82,3 +82,13 @@ def test_bench_rejects_bad_flags_before_looking_for_a_gpu(argv, message, capsys)
         bench.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_dq_add_bench_says_it_needs_a_gpu(monkeypatch, capsys):
+    """The fused-backward cost benchmark is GPU-only: without CUDA it says so and exits 2."""
+    import torch
+
+    from sagebwd.triton import dq_add_bench
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert dq_add_bench.main() == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out

@@ -198,7 +198,7 @@ def _stage_scales(sc_smem, blk0, NQ, SQ_bh, SDO_bh, TS_kv, CHUNK: gl.constexpr, 
 
 
 @gluon.jit
-def _block_scales(sc_smem, r, CHUNK: gl.constexpr, rec_layout: gl.constexpr):
+def _staged_scales(sc_smem, r, CHUNK: gl.constexpr, rec_layout: gl.constexpr):
     """(s_Q, s_dO, s_P, 1/s_P, s_dS, 1/s_dS) of the r-th q block of this program, from _stage_scales'
     record (every thread reads the whole record; picking a field is free in registers)."""
     # the same unswizzled bytes as a ring of records (.index wants a layout of one rank less)
@@ -222,7 +222,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
     HAS_A; MASK_* apply the causal mask (the slice holding the diagonal); PASS: BOTH, DV_ONLY or
     DK_ONLY (the other accumulator is returned unchanged)."""
     slot = r % STAGES
-    q_scale, s_do, p_scale, p_inv, ds_scale, ds_inv = _block_scales(sc_smem, r, SCALE_CHUNK, rec_layout)
+    q_scale, s_do, p_scale, p_inv, ds_scale, ds_inv = _staged_scales(sc_smem, r, SCALE_CHUNK, rec_layout)
     # backward.py's products, in its order
     qk_scale = (q_scale * k_scale) * qk_const
     dv_scale = p_scale * s_do
@@ -345,7 +345,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr):
     gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
     gl.static_assert(KV_BLOCK == SLICE, "one kv tile per program, as tall as a slice")
-    # _stage_scales: [SCALE_CHUNK, 8] records, 2 per thread; _block_scales: a whole record per thread
+    # _stage_scales: [SCALE_CHUNK, 8] records, 2 per thread; _staged_scales: a whole record per thread
     stage_layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0])
     rec_layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],

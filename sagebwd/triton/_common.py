@@ -194,7 +194,7 @@ def round_scaled_to_int8(x, inv):
 # must saturate at +-127, not wrap. Written as y = clamp(dS / (254 s_dS) + 1/2, 0, 1) and
 # int8 = round(254 y) - 127, the clamp is the fma's own saturation (ptxas folds the min/max
 # into FFMA.SAT), and with kq = 1 / (254 s_dS) folded into dP - delta, the whole step is three
-# fmas where the plain form took FADD, FMUL, FFMA and two clamps (FMNMX): -1.5 instructions
+# fmas where the plain form took FADD, FMUL, FFMA and two clamps (FMNMX): -1.4 instructions
 # per score element (v25). It differs from round(dS / s_dS) within ~1.5e-5 of a rounding tie
 # (y carries 24 bits over [0, 1], a step is 1/254) and on exact ties (the offset 127 is odd):
 # flips of one step in ~1e-5 of the elements, which moved dK from 1.9e-4 to 4.6e-4 of the

@@ -79,8 +79,11 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
         v = tl.load(V_bh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
         dp = _dot16(do, tl.trans(v), DOT_F32)
         ds = p * (dp - delta[:, None])
-        # Both tile maxima in one cross-warp reduction (P >= 0 needs no abs).
-        p_amax, ds_amax = tl.reduce((tl.max(p, axis=1), tl.max(tl.abs(ds), axis=1)), 0, _max_pair)
+        # Both tile maxima in one cross-warp reduction. P >= 0 orders like its bits as integers,
+        # whose max takes two elements per instruction (VIMNMX3; FMNMX takes one).
+        p_bits, ds_amax = tl.reduce((tl.max(p.to(tl.int32, bitcast=True), axis=1), tl.max(tl.abs(ds), axis=1)), 0,
+                                    _max_pair)
+        p_amax = p_bits.to(tl.float32, bitcast=True)
         p_scale, p_inv = tile_scales(p_amax, HEAD_DIM > 64)   # as dq_hopper's (bit-identical)
         ds_scale, ds_inv = tile_scales(ds_amax, HEAD_DIM > 64)
         tl.store(TS_q + j * TS_step + slot,

@@ -22,9 +22,11 @@ shared memory for 32 blocks at a time (_stage_scales). A q block comes as one TM
 (every copy costs a CTA barrier and ~13 instructions here), except in the d=128 dK pass: there
 every slice has its own copies and ring barrier, so with one pipeline stage (to keep two
 programs per SM) it refills slice a's buffers as soon as slice a is done, while slice b still
-runs. P^ and dS^ reach the INT8 dots without lane shuffles (as_a_operand: Q^T and dO^T are in k
-order); dS^ saturates in the fma itself (_saturated_ds_bits). (8,16,4096,64) causal: dK/dV
-1.55 -> 1.13 ms; (8,8,4096,128): 1.52 -> 1.27 ms causal, 2.68 -> 1.97 ms without a mask.
+runs, and it masks the causal diagonal block inside its main loop instead of running it peeled
+before the loop (DK_DIAG_IN_LOOP: the peeled copy made the pass spill). P^ and dS^ reach the
+INT8 dots without lane shuffles (as_a_operand: Q^T and dO^T are in k order); dS^ saturates in
+the fma itself (_saturated_ds_bits). Triton kernel -> this one, H200: (8,16,4096,64) causal
+dK/dV 1.55 -> 1.15 ms; (8,8,4096,128) 1.52 -> 1.13 ms causal, 2.68 -> 1.97 ms without a mask.
 
 Limits (else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no Q-smoothing.
 """
@@ -52,6 +54,12 @@ STAGES = 2      # q blocks in flight
 # SM, two would leave one. With each slice refilled as soon as it is done (v18), one stage is the
 # faster at every length measured, causal or not (docs/kernel-notes.md, v17-v18).
 STAGES_DK128 = 1
+# Causal: the d=128 dK pass masks the diagonal q block inside its main loop (a branch taken once)
+# instead of running it peeled before the loop. The peeled copy pushed it to 255 registers with
+# 160 B spilled, and the spill reloads sat in the loop (~25 LDL/STL per block: wgmma descriptors):
+# dV + dK 1.26 -> 1.13 ms at (8,8,4096,128) (v28). The other passes do not spill peeled, and
+# in-loop masking measured 2-3% slower there.
+DK_DIAG_IN_LOOP = True
 # The dK pass at d=128 refills each slice's buffers as soon as that slice is done (per-slice copies),
 # the other passes load a whole q block per copy.
 DK_BLOCKED = False
@@ -175,10 +183,20 @@ def as_a_operand(x, op_layout: gl.constexpr):
 
 
 @gluon.jit
-def _slice_probs(st, qk_scale, lse, offs_q, offs_kv, MASK: gl.constexpr):
-    p = gl.exp2(st.to(gl.float32) * qk_scale - lse[None, :])
-    if MASK:
-        p = gl.where(offs_q[None, :] >= offs_kv[:, None], p, 0.0)
+def _slice_probs(st, qk_scale, lse, offs_q, offs_kv, MASK: gl.constexpr, MASK_DIAG: gl.constexpr, diag):
+    """P of a slice; the causal mask always (MASK) or only in the block where `diag` (MASK_DIAG)."""
+    x = st.to(gl.float32) * qk_scale - lse[None, :]
+    if MASK_DIAG:
+        # the exp in both branches: with the select alone in one, ptxas predicated it (a compare
+        # and a select per element) into every block
+        if diag:
+            p = gl.where(offs_q[None, :] >= offs_kv[:, None], gl.exp2(x), 0.0)
+        else:
+            p = gl.exp2(x)
+    else:
+        p = gl.exp2(x)
+        if MASK:
+            p = gl.where(offs_q[None, :] >= offs_kv[:, None], p, 0.0)
     return p
 
 
@@ -217,10 +235,12 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
              sc_smem, k_scale, qk_const, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
              op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, KV_BLOCK: gl.constexpr,
              HEAD_DIM: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr,
-             MASK_A: gl.constexpr, MASK_B: gl.constexpr, rec_layout: gl.constexpr):
+             MASK_A: gl.constexpr, MASK_B: gl.constexpr, rec_layout: gl.constexpr, MASK_DIAG: gl.constexpr,
+             diag):
     """dV, dK after q block `blk` (ring slot r). Slice a (rows 0-63 of the block) runs only if
-    HAS_A; MASK_* apply the causal mask (the slice holding the diagonal); PASS: BOTH, DV_ONLY or
-    DK_ONLY (the other accumulator is returned unchanged)."""
+    HAS_A; MASK_* apply the causal mask (the slice holding the diagonal); MASK_DIAG applies it to
+    both slices where the runtime `diag` holds (the diagonal block masked inside the main loop,
+    DK_DIAG_IN_LOOP); PASS: BOTH, DV_ONLY or DK_ONLY (the other accumulator is returned unchanged)."""
     slot = r % STAGES
     q_scale, s_do, p_scale, p_inv, ds_scale, ds_inv = _staged_scales(sc_smem, r, SCALE_CHUNK, rec_layout)
     # backward.py's products, in its order
@@ -247,7 +267,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         if HAS_A:
             st_a = warpgroup_mma_wait(1, deps=[st_a])
             p_a = _slice_probs(st_a, qk_scale, _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED), offs_a, offs_kv,
-                               MASK_A)
+                               MASK_A, MASK_DIAG, diag)
             p8_a = as_a_operand(_int8_bits(p_a, p_inv).to(gl.int8), op_layout)
             dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)),
                                    zero_acc, use_acc=False, is_async=True)
@@ -255,7 +275,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         else:
             st_b = warpgroup_mma_wait(0, deps=[st_b])
         p_b = _slice_probs(st_b, qk_scale, _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED), offs_b, offs_kv,
-                           MASK_B)
+                           MASK_B, MASK_DIAG, diag)
         p8_b = as_a_operand(_int8_bits(p_b, p_inv).to(gl.int8), op_layout)
         if HAS_A:
             dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)),
@@ -272,7 +292,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
                                   zero_dp, use_acc=False, is_async=True)
             st_a = warpgroup_mma_wait(1, deps=[st_a])
             lse_a = _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED)
-            p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A)
+            p_a = _slice_probs(st_a, qk_scale, lse_a, offs_a, offs_kv, MASK_A, MASK_DIAG, diag)
             if PASS == BOTH:
                 p8_a = as_a_operand(_int8_bits(p_a, p_inv).to(gl.int8), op_layout)
                 dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)),
@@ -297,7 +317,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
             _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
                         delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, vb, vh, STAGES, SLICE)
         lse_b = _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED)
-        p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B)
+        p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B, MASK_DIAG, diag)
         if PASS == BOTH:
             p8_b = as_a_operand(_int8_bits(p_b, p_inv).to(gl.int8), op_layout)
             if HAS_A:
@@ -342,7 +362,8 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
 def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                  SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H,
                  HEAD_DIM: gl.constexpr, Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, SLICE: gl.constexpr,
-                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr):
+                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr,
+                 DIAG_IN_LOOP: gl.constexpr):
     gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
     gl.static_assert(KV_BLOCK == SLICE, "one kv tile per program, as tall as a slice")
     # _stage_scales: [SCALE_CHUNK, 8] records, 2 per thread; _staged_scales: a whole record per thread
@@ -430,21 +451,22 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     mbarrier.wait(kv_bar, 0)
 
     loop_start = 0
-    if CAUSAL:
-        # The diagonal block: the kv tile is its first slice (slice a masked, b full) or its
+    MASK_IN_LOOP: gl.constexpr = CAUSAL and DIAG_IN_LOOP
+    if CAUSAL and not DIAG_IN_LOOP:
+        # The diagonal block, peeled (else the loop masks it: DK_DIAG_IN_LOOP): the kv tile is its first slice (slice a masked, b full) or its
         # second (slice a wholly above the diagonal: skipped; b masked).
         if start_n % Q_BLOCK == 0:
             dv, dk = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                               delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                               n_blocks, q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const,
                               s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                              PASS, BLOCKED, True, True, False, rec_layout)
+                              PASS, BLOCKED, True, True, False, rec_layout, False, False)
         else:
             dv, dk = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                               delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                               n_blocks, q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const,
                               s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                              PASS, BLOCKED, False, False, True, rec_layout)
+                              PASS, BLOCKED, False, False, True, rec_layout, False, False)
         loop_start = 1
     for r in range(loop_start, n_blocks):
         if (r % SCALE_CHUNK == 0) & (r > 0):   # the next chunk of records (sequences above 4096)
@@ -455,7 +477,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                           delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
                           q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const,
                           s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                          PASS, BLOCKED, True, False, False, rec_layout)
+                          PASS, BLOCKED, True, False, False, rec_layout, MASK_IN_LOOP, r == 0)
     for i in gl.static_range(2 * STAGES + 1):
         mbarrier.invalidate(bars.index(i))
 
@@ -526,8 +548,10 @@ def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales,
                   num_warps=4)
     grid = (n // ROWS, b * h)
     if d <= 64:
-        return [("dkdv", grid, args(2 * SLICE), {**kwargs, "PASS": BOTH.value, "BLOCKED": True})]
+        return [("dkdv", grid, args(2 * SLICE), {**kwargs, "PASS": BOTH.value, "BLOCKED": True,
+                                                 "DIAG_IN_LOOP": False})]
     dk_rows = 2 * SLICE if DK_BLOCKED else SLICE
-    return [("dv", grid, args(2 * SLICE), {**kwargs, "PASS": DV_ONLY.value, "BLOCKED": True}),
+    return [("dv", grid, args(2 * SLICE), {**kwargs, "PASS": DV_ONLY.value, "BLOCKED": True,
+                                           "DIAG_IN_LOOP": False}),
             ("dk", grid, args(dk_rows), {**kwargs, "PASS": DK_ONLY.value, "STAGES": STAGES_DK128,
-                                         "BLOCKED": DK_BLOCKED})]
+                                         "BLOCKED": DK_BLOCKED, "DIAG_IN_LOOP": DK_DIAG_IN_LOOP})]

@@ -73,7 +73,9 @@ def _block_scales(amax, EXACT_SCALE: gl.constexpr):
 def _tile_maxima(p, ds, xbuf, all_layout: gl.constexpr):
     """max(P), max|dS| over the 128-row tile: each warp reduces its rows, writes one pair to xbuf,
     and after one CTA barrier every thread reads all pairs (the compiler's reduction takes two)."""
-    rows = gl.join(gl.max(p, axis=1), gl.max(gl.abs(ds), axis=1))            # [Q_ROWS, 2]
+    # P >= 0 orders like its bits as integers, whose max takes two elements per instruction
+    p_rows = gl.max(p.to(gl.int32, bitcast=True), axis=1).to(gl.float32, bitcast=True)
+    rows = gl.join(p_rows, gl.max(gl.abs(ds), axis=1))                       # [Q_ROWS, 2]
     nw: gl.constexpr = gl.num_warps()
     per_warp = gl.max(gl.reshape(rows, [nw, rows.shape[0] // nw, 2]), axis=1)  # [warps, 2]
     xbuf.store(per_warp)

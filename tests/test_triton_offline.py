@@ -94,6 +94,22 @@ def test_loop_mix_counts_one_exp_per_score_element(gluon):
         assert 5 < r["per_element"] < 60
         assert r["by_opcode"].get("SHFL.IDX", 0.0) == 0.0, (d, name, r["by_opcode"])
         assert r["tensor_ms"] > 0 and r["issue_ms"] > 0
+        # What Hopper runs by default keeps its loops free of spill traffic, causal too. (The
+        # Triton d=64 dK/dV and the opt-in Gluon d=64 forward spill: docs/kernel-notes.md.)
+        family = "dkdv" if name in ("dv", "dk") else name
+        gluon_by_default = family == "dkdv" or (family == "dq" and d == 128)
+        if (family in gluon) == gluon_by_default:
+            assert r["causal_loop_local_ops"] == 0, f"d={d} {name}: the causal build spills inside its loops"
+
+
+def test_loop_mix_sees_spills_in_the_causal_loop(monkeypatch):
+    """The causal d=128 dK pass with its diagonal block peeled before the main loop (v27) reloads
+    spilled wgmma descriptors in every trip; its non-causal build does not, so only the causal
+    column of the loop mix can show it."""
+    from sagebwd.triton import dkdv_hopper
+    monkeypatch.setattr(dkdv_hopper, "DK_DIAG_IN_LOOP", False)
+    dk = next(r for r in offline.loop_mix_report((128,)) if r["kernel"] == "dk")
+    assert dk["causal_loop_local_ops"] > 10
 
 
 def test_loop_finder_and_causal_tile_count():
@@ -108,6 +124,25 @@ def test_loop_finder_and_causal_tile_count():
 """
     instructions, loops = sass_mix.instructions_and_loops(sass)
     assert loops == [(1, 3)]
+    assert sass_mix.local_memory_in_loops(sass) == 0
+    # A rotated loop (its exit test inside, an unconditional branch back before EXIT) is a loop;
+    # an mbarrier retry path after EXIT that branches back into the kernel is not.
+    rotated = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   LDL R2, [R1+0x8] ;
+        /*0020*/              @!P0 BRA `(.L_x_2) ;
+        /*0030*/                   FFMA R2, R3, R4, R5 ;
+        /*0040*/                   BRA `(.L_x_1) ;
+.L_x_2:
+        /*0050*/                   STL [R1], R2 ;
+        /*0060*/                   EXIT ;
+.L_x_3:
+        /*0070*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], RZ ;
+        /*0080*/                   BRA `(.L_x_1) ;
+"""
+    assert sass_mix.instructions_and_loops(rotated)[1] == [(1, 4)]
+    assert sass_mix.local_memory_in_loops(rotated) == 1   # the LDL; the STL is after the loop
     assert [sass_mix.opcode(t) for t in instructions[1:4]] == ["FFMA", "MUFU.EX2", "BRA"]
     mix = sass_mix.loop_mix(sass, "dq", {"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8)
     assert mix["per_element"] == pytest.approx(3 * 256 / 8192)

@@ -153,7 +153,8 @@ BENCH_SHAPES = {64: (8, 16, 4096, 64), 128: (8, 8, 4096, 128)}   # the issue's c
 
 def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), gluon=None) -> list[dict]:
     """Per head dim, the main-loop mix of forward, dQ and dK/dV (non-causal launches: the
-    unmasked steady-state loop) with their floors at the benchmark shape, causal."""
+    unmasked steady-state loop) with their floors at the benchmark shape, causal; and the causal
+    build's spill loads and stores inside its loops (causal_loop_local_ops)."""
     from . import sass_mix
     rows = []
     for d in head_dims:
@@ -167,6 +168,15 @@ def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), gluon
                                     kwargs.get("num_warps", 4))
             floors = sass_mix.floors_ms(name, mix["per_element"], BENCH_SHAPES[d], True, *blocks)
             rows.append({"head_dim": d, "shape": list(BENCH_SHAPES[d]), **mix, **floors})
+        # The counts above are the unmasked loops; the targets are causal, whose builds differ
+        # (a peeled or masked diagonal block): their spill traffic inside loops, checked apart.
+        for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=True,
+                                                          block_q=blocks[0], block_kv=blocks[1], gluon=gluon):
+            row = next((r for r in rows if r["kernel"] == name and r["head_dim"] == d), None)
+            if row is None or "causal_loop_local_ops" in row:
+                continue
+            sass = sass_mix.disassemble(compile_recorded(kernel, args, kwargs, arch).asm["cubin"])
+            row["causal_loop_local_ops"] = sass_mix.local_memory_in_loops(sass)
     return rows
 
 
@@ -182,8 +192,8 @@ def print_loop_mix(rows: list[dict], measured: dict | None = None) -> None:
         if entry.get("causal"):
             times[tuple(entry["shape"])] = entry["ms"]
     print("| d | kernel | thread instr. / score element | top opcodes (per element) | issue floor ms | "
-          "tensor floor ms | measured ms | issue efficiency |")
-    print("|---|---|---|---|---|---|---|---|")
+          "tensor floor ms | measured ms | issue efficiency | causal build: LDL/STL in loops |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(rows):
         top = ", ".join(f"{op} {n:.2f}" for op, n in list(r["by_opcode"].items())[:8])
         function = _KERNEL_TIME_NAMES[r["kernel"]]
@@ -196,7 +206,7 @@ def print_loop_mix(rows: list[dict], measured: dict | None = None) -> None:
         else:
             tail = "— | —"
         print(f"| {r['head_dim']} | {r['kernel']} | {r['per_element']:.1f} | {top} | {r['issue_ms']:.3f} | "
-              f"{r['tensor_ms']:.3f} | {tail} |")
+              f"{r['tensor_ms']:.3f} | {tail} | {r.get('causal_loop_local_ops', '—')} |")
 
 
 def main(argv=None) -> int:

@@ -38,9 +38,11 @@ def disassemble(cubin: bytes) -> str:
 
 
 def instructions_and_loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]:
-    """The instruction texts in order, and (first, last) index of every loop: a conditional branch
-    back. An unconditional one is not a loop: ptxas puts an mbarrier wait's retry path after the
-    kernel's end and jumps back from it (Gluon kernels), which would look like a loop around
+    """The instruction texts in order, and (first, last) index of every loop: a branch back. A
+    conditional one anywhere; an unconditional one only before the kernel's last EXIT (a rotated
+    loop, whose exit test sits inside it: the causal d=128 dK pass of v27). After the last EXIT,
+    an unconditional branch back is no loop: ptxas puts an mbarrier wait's retry path there and
+    jumps back from it into the kernel (Gluon kernels), which would look like a loop around
     everything between."""
     instructions, labels, loops = [], {}, []
     for line in sass.splitlines():
@@ -51,9 +53,11 @@ def instructions_and_loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]
         ins = re.match(r"\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
         if ins:
             instructions.append(ins.group(1))
+    exits = [i for i, text in enumerate(instructions) if opcode(text) == "EXIT"]
+    last_exit = exits[-1] if exits else len(instructions)
     for i, text in enumerate(instructions):
         target = re.search(r"\bBRA\b.*?(\.L_x_\d+)", text)
-        if target and text.startswith("@") and labels.get(target.group(1), i + 1) <= i:
+        if target and (text.startswith("@") or i < last_exit) and labels.get(target.group(1), i + 1) <= i:
             loops.append((labels[target.group(1)], i))
     return instructions, loops
 
@@ -62,6 +66,17 @@ def opcode(text: str) -> str:
     text = re.sub(r"^@!?U?P[T0-9]+\s+", "", text.strip())   # drop a predicate guard
     parts = text.split()[0].split(".")
     return ".".join(parts[:2]) if parts[0] in _KEEP_MODIFIER and len(parts) > 1 else parts[0]
+
+
+def local_memory_in_loops(sass: str) -> int:
+    """Local-memory instructions (LDL, STL: spill traffic) inside any loop of the kernel. Spills
+    outside the loops cost little; inside, every trip reloads (v27's causal d=128 dK pass: 26
+    per trip, ncu's long scoreboard 1.26 cycles per instruction)."""
+    instructions, loops = instructions_and_loops(sass)
+    inside = set()
+    for first, last in loops:
+        inside.update(range(first, last + 1))
+    return sum(1 for i in inside if opcode(instructions[i]) in ("LDL", "STL"))
 
 
 def elements_per_iteration(kernel: str, constexprs: dict) -> int:

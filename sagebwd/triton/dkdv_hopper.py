@@ -453,8 +453,9 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     loop_start = 0
     MASK_IN_LOOP: gl.constexpr = CAUSAL and DIAG_IN_LOOP
     if CAUSAL and not DIAG_IN_LOOP:
-        # The diagonal block, peeled (else the loop masks it: DK_DIAG_IN_LOOP): the kv tile is its first slice (slice a masked, b full) or its
-        # second (slice a wholly above the diagonal: skipped; b masked).
+        # The diagonal block, peeled (else the loop masks it: DK_DIAG_IN_LOOP): the kv tile is its
+        # first slice (slice a masked, b full) or its second (slice a wholly above the diagonal:
+        # skipped; b masked).
         if start_n % Q_BLOCK == 0:
             dv, dk = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                               delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
@@ -545,13 +546,11 @@ def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales,
                 _desc(lse2.reshape(rows), [q_rows]), _desc(delta.reshape(rows), [q_rows]),
                 s_q, s_k, s_do, tile_scales, dk, dv, *dk.stride()[:3], 1.0 / d ** 0.5, n, h)
     kwargs = dict(HEAD_DIM=d, Q_BLOCK=block_q, KV_BLOCK=ROWS, SLICE=SLICE, CAUSAL=causal, STAGES=STAGES,
-                  num_warps=4)
+                  num_warps=4, DIAG_IN_LOOP=False)
     grid = (n // ROWS, b * h)
     if d <= 64:
-        return [("dkdv", grid, args(2 * SLICE), {**kwargs, "PASS": BOTH.value, "BLOCKED": True,
-                                                 "DIAG_IN_LOOP": False})]
+        return [("dkdv", grid, args(2 * SLICE), {**kwargs, "PASS": BOTH.value, "BLOCKED": True})]
     dk_rows = 2 * SLICE if DK_BLOCKED else SLICE
-    return [("dv", grid, args(2 * SLICE), {**kwargs, "PASS": DV_ONLY.value, "BLOCKED": True,
-                                           "DIAG_IN_LOOP": False}),
+    return [("dv", grid, args(2 * SLICE), {**kwargs, "PASS": DV_ONLY.value, "BLOCKED": True}),
             ("dk", grid, args(dk_rows), {**kwargs, "PASS": DK_ONLY.value, "STAGES": STAGES_DK128,
                                          "BLOCKED": DK_BLOCKED, "DIAG_IN_LOOP": DK_DIAG_IN_LOOP})]

@@ -403,9 +403,10 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
             **launch_settings("dq", _dq_launch(block_q, block_kv, d)))
     if "dkdv" in gluon and dkdv_hopper.supports(
             head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
-        for name, grid, args, kwargs in dkdv_hopper.launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta,
-                                                             tile_scales, dk, dv, causal=causal, block_q=block_q):
-            launch(name, dkdv_hopper._dkdv_kernel, grid, *args, **kwargs)
+        for name, kernel, grid, args, kwargs in dkdv_hopper.launches(
+                q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, causal=causal,
+                block_q=block_q):
+            launch(name, kernel, grid, *args, **kwargs)
         return dq, dk, dv
     rows, cols, split_d, chain, separate = dkdv_blocks(n, block_q, block_kv, d)
     step = block_q if chain else cols

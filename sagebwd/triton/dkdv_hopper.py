@@ -28,6 +28,10 @@ INT8 dots without lane shuffles (as_a_operand: Q^T and dO^T are in k order); dS^
 the fma itself (_saturated_ds_bits). Triton kernel -> this one, H200: (8,16,4096,64) causal
 dK/dV 1.55 -> 1.15 ms; (8,8,4096,128) 1.52 -> 1.13 ms causal, 2.68 -> 1.97 ms without a mask.
 
+Since v29 these passes run by default as dkdv_ws_hopper's warp-specialised kernel, which calls
+_q_block (WS) with a producer warp issuing every copy; this kernel is its bit-identical
+reference and runs where it does not apply (WARP_SPECIALISED).
+
 Limits (else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations
@@ -63,6 +67,12 @@ DK_DIAG_IN_LOOP = True
 # The dK pass at d=128 refills each slice's buffers as soon as that slice is done (per-slice copies),
 # the other passes load a whole q block per copy.
 DK_BLOCKED = False
+# Passes that run as dkdv_ws_hopper's warp-specialised kernel (a producer warp issues the loads;
+# two kv tiles per program): all, since v29 (-5..-12% against this kernel, bit-identical). This
+# kernel remains its reference and runs where it does not apply. Ring depth per pass: q blocks
+# (the dK pass: slice pairs), as much as shared memory holds with both tiles' K^ and V.
+WARP_SPECIALISED = ("dkdv", "dv", "dk")
+WS_STAGES = {"dkdv": 3, "dv": 4, "dk": 2}
 # A program holds the scales of this many q blocks at a time in shared memory (_stage_scales).
 SCALE_CHUNK = gl.constexpr(32)
 
@@ -183,6 +193,14 @@ def as_a_operand(x, op_layout: gl.constexpr):
 
 
 @gluon.jit
+def _release(empty, i):
+    """Tell a producer warp (dkdv_ws_hopper) that this warpgroup is done with ring entry i: every warp
+    has read its LSE and delta, and the wgmmas that read it were waited on."""
+    _cta_barrier()   # inside a warp-specialised partition: a named barrier of its own warps
+    mbarrier.arrive(empty.index(i))
+
+
+@gluon.jit
 def _slice_probs(st, qk_scale, lse, offs_q, offs_kv, MASK: gl.constexpr, MASK_DIAG: gl.constexpr, diag):
     """P of a slice; the causal mask always (MASK) or only in the block where `diag` (MASK_DIAG)."""
     x = st.to(gl.float32) * qk_scale - lse[None, :]
@@ -236,11 +254,13 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
              op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, KV_BLOCK: gl.constexpr,
              HEAD_DIM: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr,
              MASK_A: gl.constexpr, MASK_B: gl.constexpr, rec_layout: gl.constexpr, MASK_DIAG: gl.constexpr,
-             diag):
+             diag, empty=None, WS: gl.constexpr = False):
     """dV, dK after q block `blk` (ring slot r). Slice a (rows 0-63 of the block) runs only if
     HAS_A; MASK_* apply the causal mask (the slice holding the diagonal); MASK_DIAG applies it to
     both slices where the runtime `diag` holds (the diagonal block masked inside the main loop,
-    DK_DIAG_IN_LOOP); PASS: BOTH, DV_ONLY or DK_ONLY (the other accumulator is returned unchanged)."""
+    DK_DIAG_IN_LOOP); PASS: BOTH, DV_ONLY or DK_ONLY (the other accumulator is returned unchanged).
+    WS (dkdv_ws_hopper): a producer warp fills the ring; instead of refilling a slot, the block
+    arrives on its `empty` barrier where the refill would be."""
     slot = r % STAGES
     q_scale, s_do, p_scale, p_inv, ds_scale, ds_inv = _staged_scales(sc_smem, r, SCALE_CHUNK, rec_layout)
     # backward.py's products, in its order
@@ -313,7 +333,10 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         # dK pass: slice a's wgmmas are all done (issued before S_b): refill its buffers now, so
         # with one pipeline stage the next block's first half loads during this one's second half
         # (at d=64 the early refill measured no better and costs registers: both refill at the end)
-        if not BLOCKED and r + STAGES < n_blocks:
+        if WS:
+            if not BLOCKED:
+                _release(empty, 2 * slot)
+        elif not BLOCKED and r + STAGES < n_blocks:
             _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
                         delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, vb, vh, STAGES, SLICE)
         lse_b = _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED)
@@ -347,7 +370,9 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
     else:
         dk_int = warpgroup_mma_wait(0, deps=[dk_int])
         dk += dk_int.to(gl.float32) * dk_scale
-    if r + STAGES < n_blocks:   # the slot is free again (in the dK pass, slice a was refilled already)
+    if WS:
+        _release(empty, 2 * slot + (0 if BLOCKED else 1))
+    elif r + STAGES < n_blocks:   # the slot is free again (in the dK pass, slice a was refilled already)
         if BLOCKED:
             _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
                         dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, q_row0, t_row0, vb, vh, STAGES,
@@ -534,23 +559,32 @@ def seq_desc(t, rows: int):
 
 def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
              block_q: int) -> list:
-    """[(name, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at d=128.
-    v and do may have any strides and alignment."""
+    """[(name, kernel, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at
+    d=128; those in WARP_SPECIALISED as dkdv_ws_hopper's kernel. v and do may have any strides and
+    alignment."""
     b, h, n, d = q8.shape
     rows = b * h * n
-    kv = (_desc(k8.reshape(rows, d), [ROWS, d]), seq_desc(v, ROWS))
 
-    def args(q_rows):   # q-side boxes: a whole q block (one copy each) or a slice
-        return (*kv, _desc(q8.reshape(rows, d), [q_rows, d]), seq_desc(do, q_rows),
-                _desc(q8t.reshape(b * h * d, n), [d, q_rows]), _desc(do8t.reshape(b * h * d, n), [d, q_rows]),
-                _desc(lse2.reshape(rows), [q_rows]), _desc(delta.reshape(rows), [q_rows]),
-                s_q, s_k, s_do, tile_scales, dk, dv, *dk.stride()[:3], 1.0 / d ** 0.5, n, h)
-    kwargs = dict(HEAD_DIM=d, Q_BLOCK=block_q, KV_BLOCK=ROWS, SLICE=SLICE, CAUSAL=causal, STAGES=STAGES,
-                  num_warps=4, DIAG_IN_LOOP=False)
-    grid = (n // ROWS, b * h)
-    if d <= 64:
-        return [("dkdv", grid, args(2 * SLICE), {**kwargs, "PASS": BOTH.value, "BLOCKED": True})]
-    dk_rows = 2 * SLICE if DK_BLOCKED else SLICE
-    return [("dv", grid, args(2 * SLICE), {**kwargs, "PASS": DV_ONLY.value, "BLOCKED": True}),
-            ("dk", grid, args(dk_rows), {**kwargs, "PASS": DK_ONLY.value, "STAGES": STAGES_DK128,
-                                         "BLOCKED": DK_BLOCKED, "DIAG_IN_LOOP": DK_DIAG_IN_LOOP})]
+    def args(kv_rows, q_rows):   # kv boxes: one tile, or both of a warp-specialised program; q: a block or a slice
+        return (_desc(k8.reshape(rows, d), [kv_rows, d]), seq_desc(v, kv_rows), _desc(q8.reshape(rows, d), [q_rows, d]),
+                seq_desc(do, q_rows), _desc(q8t.reshape(b * h * d, n), [d, q_rows]),
+                _desc(do8t.reshape(b * h * d, n), [d, q_rows]), _desc(lse2.reshape(rows), [q_rows]),
+                _desc(delta.reshape(rows), [q_rows]), s_q, s_k, s_do, tile_scales, dk, dv, *dk.stride()[:3],
+                1.0 / d ** 0.5, n, h)
+    kwargs = dict(HEAD_DIM=d, SLICE=SLICE, CAUSAL=causal, num_warps=4)
+    # (name, PASS, whole q blocks per copy, diagonal block masked in the loop, stages)
+    passes = [("dkdv", BOTH, True, False, STAGES)] if d <= 64 else \
+        [("dv", DV_ONLY, True, False, STAGES), ("dk", DK_ONLY, DK_BLOCKED, DK_DIAG_IN_LOOP, STAGES_DK128)]
+    out = []
+    for name, pass_, blocked, diag_in_loop, stages in passes:
+        q_rows = 2 * SLICE if blocked else SLICE
+        common = {**kwargs, "PASS": pass_.value, "BLOCKED": blocked, "DIAG_IN_LOOP": diag_in_loop}
+        if name in WARP_SPECIALISED and n % (2 * ROWS) == 0:
+            from . import dkdv_ws_hopper as ws
+            out.append((name, ws._dkdv_ws_kernel, (n // (2 * ROWS), b * h), args(2 * ROWS, q_rows),
+                        {**common, "STAGES": WS_STAGES[name], "CONSUMER_REGS": ws.CONSUMER_REGS,
+                         "PRODUCER_REGS": ws.PRODUCER_REGS}))
+        else:
+            out.append((name, _dkdv_kernel, (n // ROWS, b * h), args(ROWS, q_rows),
+                        {**common, "Q_BLOCK": block_q, "KV_BLOCK": ROWS, "STAGES": stages}))
+    return out

@@ -167,7 +167,8 @@ def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), gluon
             mix = sass_mix.loop_mix(sass_mix.disassemble(compiled.asm["cubin"]), name, constexprs,
                                     kwargs.get("num_warps", 4))
             floors = sass_mix.floors_ms(name, mix["per_element"], BENCH_SHAPES[d], True, *blocks)
-            rows.append({"head_dim": d, "shape": list(BENCH_SHAPES[d]), **mix, **floors})
+            rows.append({"head_dim": d, "shape": list(BENCH_SHAPES[d]), "function": kernel.fn.__name__, **mix,
+                         **floors})
         # The counts above are the unmasked loops; the targets are causal, whose builds differ
         # (a peeled or masked diagonal block): their spill traffic inside loops, checked apart.
         for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=True,
@@ -178,11 +179,6 @@ def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), gluon
             sass = sass_mix.disassemble(compile_recorded(kernel, args, kwargs, arch).asm["cubin"])
             row["causal_loop_local_ops"] = sass_mix.local_memory_in_loops(sass)
     return rows
-
-
-# The profiler's name of each launch's function (dv and dk are two launches of one function).
-_KERNEL_TIME_NAMES = {"forward": "_forward_kernel", "dq": "_dq_kernel", "dkdv": "_dkdv_kernel",
-                      "dv": "_dkdv_kernel", "dk": "_dkdv_kernel"}
 
 
 def print_loop_mix(rows: list[dict], measured: dict | None = None) -> None:
@@ -196,10 +192,10 @@ def print_loop_mix(rows: list[dict], measured: dict | None = None) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(rows):
         top = ", ".join(f"{op} {n:.2f}" for op, n in list(r["by_opcode"].items())[:8])
-        function = _KERNEL_TIME_NAMES[r["kernel"]]
+        function = r["function"]   # the profiler's name (dv and dk are two launches of one function)
         ms = times.get(tuple(r["shape"]), {}).get(function)
         # launches of one function share its measured time: report it on the last of them
-        group = [g for g in rows if g["head_dim"] == r["head_dim"] and _KERNEL_TIME_NAMES[g["kernel"]] == function]
+        group = [g for g in rows if g["head_dim"] == r["head_dim"] and g["function"] == function]
         if ms and r is group[-1]:
             label = " (" + " + ".join(g["kernel"] for g in group) + ")" if len(group) > 1 else ""
             tail = f"{ms:.3f}{label} | {sum(g['issue_ms'] for g in group) / ms:.0%}"

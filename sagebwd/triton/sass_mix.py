@@ -62,6 +62,15 @@ def instructions_and_loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]
     return instructions, loops
 
 
+def main_loop(loops: list[tuple[int, int]]) -> tuple[int, int]:
+    """The largest loop with no sizeable loop inside it. A warp-specialised kernel wraps its
+    partitions in a dispatch loop around everything; mbarrier retry loops are a few instructions."""
+    def nests_a_loop(span):
+        return any(other != span and span[0] <= other[0] and other[1] <= span[1] and other[1] - other[0] >= 64
+                   for other in loops)
+    return max((span for span in loops if not nests_a_loop(span)), key=lambda span: span[1] - span[0])
+
+
 def opcode(text: str) -> str:
     text = re.sub(r"^@!?U?P[T0-9]+\s+", "", text.strip())   # drop a predicate guard
     parts = text.split()[0].split(".")
@@ -87,8 +96,9 @@ def elements_per_iteration(kernel: str, constexprs: dict) -> int:
         return constexprs["Q_ROWS"] * 2 * constexprs["KV_ROWS"]
     if kernel == "dq":
         return constexprs["BLOCK_M"] * constexprs["BLOCK_N"]
-    if kernel in ("dkdv", "dv", "dk") and "SLICE" in constexprs:   # the Gluon dK/dV: a trip is a q block
-        return constexprs["KV_BLOCK"] * constexprs["Q_BLOCK"]
+    if kernel in ("dkdv", "dv", "dk") and "SLICE" in constexprs:
+        # the Gluon dK/dV: a trip is a q block (two slices) on one warpgroup's kv tile (a slice tall)
+        return constexprs.get("KV_BLOCK", constexprs["SLICE"]) * constexprs.get("Q_BLOCK", 2 * constexprs["SLICE"])
     if kernel in ("dkdv", "dv", "dk"):   # BLOCK_N kv rows; a trip is a q slice, or a q block when chained
         step = constexprs["Q_BLOCK"] if constexprs.get("CHAIN") else constexprs["BLOCK_M"]
         return constexprs["BLOCK_N"] * step
@@ -100,7 +110,7 @@ def loop_mix(sass: str, kernel: str, constexprs: dict, num_warps: int) -> dict:
     instructions, loops = instructions_and_loops(sass)
     if not loops:
         raise ValueError(f"{kernel}: no loop found in the SASS")
-    first, last = max(loops, key=lambda span: span[1] - span[0])
+    first, last = main_loop(loops)
     body = instructions[first:last + 1]
     per_element = 32 * num_warps / elements_per_iteration(kernel, constexprs)
     counts = collections.Counter(opcode(text) for text in body)

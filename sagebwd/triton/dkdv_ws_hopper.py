@@ -1,0 +1,203 @@
+"""dK/dV for Hopper, warp-specialised: dkdv_hopper's arithmetic in the same order (bit-identical
+dK, dV), with every load issued by a producer warp.
+
+In dkdv_hopper every TMA copy costs a CTA barrier and ~17 instructions (a Gluon kernel that is not
+warp specialised elects a thread, rebuilds the descriptor address and syncs its warps for each):
+the d=128 dK pass makes ten copies per q block, ~170 of its ~980 instructions per block and 16
+barriers. Here:
+
+- one program per 128 kv rows, i.e. two kv tiles: two consumer warpgroups (partitions of 4 warps,
+  240 registers), one per tile, each running dkdv_hopper's _q_block on its own tile. They share
+  the q side, which is therefore loaded once for both;
+- a producer warp (24 registers) loads K^ and V of both tiles, then the q side into a ring of
+  STAGES q blocks (whole blocks, or per slice in the dK pass) on "full" mbarriers; it refills an
+  entry once both consumers have arrived on its "empty" mbarrier, which they do where
+  dkdv_hopper would refill it (_q_block with WS);
+- the consumers synchronise only inside their own warpgroup (a named barrier before each
+  arrive), never with each other. 2 x 128 x 240 + 128 x 24 registers fill the register file: one
+  program per SM, with the same 8 consumer warps as dkdv_hopper's two programs.
+
+Causal: both tiles start at the q block holding the diagonal (128 kv rows are one q block). With
+the diagonal block peeled (dV and d=64 passes) the first tile masks slice a and the second skips
+it and masks slice b, as dkdv_hopper's programs do; the dK pass masks it inside the loop, where
+the second tile's slice a is all masked: P = 0, so dS^ = 0 and it adds nothing.
+
+Limits (else dkdv_hopper runs): head_dim 64 or 128, block_q 128, block_kv 64, no Q-smoothing.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+from .dkdv_hopper import (BOTH, DK_ONLY, DV_ONLY, SCALE_CHUNK, _cta_barrier, _load_block, _load_slice, _q_block,
+                          _seq_copy, _stage_scales)
+
+CONSUMER_REGS = 240   # 2 consumers x 128 threads x 240 + 128 x 24 = the 64 K registers of an SM
+PRODUCER_REGS = 24
+
+
+@gluon.jit
+def _producer(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem,
+              do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar, full, empty, q_row0, t_row0, vb, vh, start_n,
+              first, n_blocks, STAGES: gl.constexpr, SLICE: gl.constexpr, PASS: gl.constexpr,
+              BLOCKED: gl.constexpr):
+    """K^ (and V) of both kv tiles, then the q side of every block the consumers walk, in their order."""
+    if PASS != DV_ONLY:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _seq_copy(v_desc, vb, vh, q_row0, start_n, kv_bar, v_smem)
+    else:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [q_row0 + start_n, 0], kv_bar, k_smem)
+    for r in range(n_blocks):
+        slot = r % STAGES
+        if BLOCKED:
+            if r >= STAGES:   # both consumers are done with the block this entry held
+                mbarrier.wait(empty.index(2 * slot), ((r // STAGES) - 1) & 1)
+            _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
+                        lse_smem, delta_smem, full, r, first + r, q_row0, t_row0, vb, vh, STAGES, SLICE, PASS)
+        else:
+            for h in gl.static_range(2):
+                if r >= STAGES:
+                    mbarrier.wait(empty.index(2 * slot + h), ((r // STAGES) - 1) & 1)
+                _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
+                            delta_smem, full, r, first + r, h, q_row0, t_row0, vb, vh, STAGES, SLICE)
+
+
+@gluon.jit
+def _consumer(TILE: gl.constexpr, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, k_tile,
+              v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc_smem, kv_bar, full, empty, SK_tile,
+              SQ_bh, SDO_bh, TS_kv, DK_bh, DV_bh, stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh,
+              sm_scale, HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+              PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr):
+    """dK and/or dV of kv tile TILE of the program (SLICE rows from start_n) on one warpgroup:
+    dkdv_hopper._dkdv_kernel's loop, its ring filled by the producer."""
+    stage_layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0])
+    rec_layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, SLICE, 32])
+    dp_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, SLICE, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 32])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=4)
+
+    k_scale = gl.load(SK_tile)
+    _stage_scales(sc_smem, first, NQ, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
+    qk_const = sm_scale * 1.4426950408889634
+    offs_kv = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, s_layout))
+    dv = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout)
+    dk = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout)
+    _cta_barrier()   # the records are in shared memory
+    mbarrier.wait(kv_bar, 0)
+
+    loop_start = 0
+    MASK_IN_LOOP: gl.constexpr = CAUSAL and DIAG_IN_LOOP
+    if CAUSAL and not DIAG_IN_LOOP:
+        # the diagonal block, peeled: tile 0 holds its slice a's diagonal (b unmasked), tile 1 its
+        # slice b's (slice a wholly above the diagonal: skipped)
+        dv, dk = _q_block(0, first, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                          delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
+                          q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
+                          acc_layout, op_layout, STAGES, SLICE, SLICE, HEAD_DIM, PASS, BLOCKED, TILE == 0, TILE == 0,
+                          TILE == 1, rec_layout, False, False, empty, True)
+        loop_start = 1
+    for r in range(loop_start, n_blocks):
+        if (r % SCALE_CHUNK == 0) & (r > 0):   # the next chunk of records (sequences above 4096)
+            _cta_barrier()
+            _stage_scales(sc_smem, first + r, NQ, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
+            _cta_barrier()
+        dv, dk = _q_block(r, first + r, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                          delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
+                          q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
+                          acc_layout, op_layout, STAGES, SLICE, SLICE, HEAD_DIM, PASS, BLOCKED, True, False, False,
+                          rec_layout, MASK_IN_LOOP, r == 0, empty, True)
+    offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    out = offs_r[:, None] * stride_gn + offs_d[None, :]
+    if PASS != DV_ONLY:
+        gl.store(DK_bh + out, (dk * sm_scale).to(DK_bh.dtype.element_ty))
+    if PASS != DK_ONLY:
+        gl.store(DV_bh + out, dv.to(DV_bh.dtype.element_ty))
+
+
+@gluon.jit
+def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                    SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H,
+                    HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                    PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr,
+                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    pid = gl.program_id(0)   # kv rows 2 SLICE pid ..: tiles 2 pid and 2 pid + 1 (causal: the longest first)
+    bh = gl.program_id(1)
+    start_n = pid * 2 * SLICE
+    q_row0 = bh * N
+    vb = bh // H   # the batch and head coordinates of v, dO and the gradients
+    vh = bh % H
+    t_row0 = bh * HEAD_DIM
+    NQ = N // (2 * SLICE)
+    if CAUSAL:
+        first = pid   # the q block holding the diagonal: these kv rows are one q block
+    else:
+        first = 0
+    n_blocks = NQ - first
+
+    # the ring: whole q blocks (BLOCKED: STAGES entries) or slices (2 * STAGES), as dkdv_hopper's
+    RING: gl.constexpr = STAGES if BLOCKED else 2 * STAGES
+    unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    unused3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    k_smem = gl.allocate_shared_memory(gl.int8, [2 * SLICE, HEAD_DIM], k_desc.layout)
+    q_smem = gl.allocate_shared_memory(gl.int8, [RING] + q_desc.block_type.shape, q_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [RING] + lse_desc.block_type.shape, lse_desc.layout)
+    if PASS != DV_ONLY:
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+        v_rows = v_smem.reshape([2 * SLICE, HEAD_DIM])
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [RING] + do_desc.block_type.shape, do_desc.layout)
+        qt_smem = gl.allocate_shared_memory(gl.int8, [RING] + qt_desc.block_type.shape, qt_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [RING] + delta_desc.block_type.shape, delta_desc.layout)
+    else:
+        v_smem = gl.allocate_shared_memory(gl.int8, [2, 16], unused)
+        v_rows = v_smem
+        do_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
+        qt_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [1, 4], unused)
+    if PASS != DK_ONLY:
+        dot_smem = gl.allocate_shared_memory(gl.int8, [RING] + dot_desc.block_type.shape, dot_desc.layout)
+    else:
+        dot_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
+    sc0 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
+    sc1 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    full = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar.index(0), count=1)
+    for i in gl.static_range(2 * STAGES):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)   # one arrive per consumer
+
+    if PASS != DV_ONLY:
+        v_0 = v_rows.slice(0, SLICE)
+        v_1 = v_rows.slice(SLICE, SLICE)
+    else:
+        v_0 = v_rows
+        v_1 = v_rows
+    NKV = N // SLICE
+    SQ_bh = SQ + bh * NQ
+    SDO_bh = SDO + bh * NQ
+    TS_0 = TILE_SCALES + (bh.to(gl.int64) * NKV + 2 * pid) * NQ * 4   # kv-major: tile 2 pid's records
+    out_bh = vb.to(gl.int64) * stride_gb + vh.to(gl.int64) * stride_gh
+    SK_0 = SK + bh * NKV + 2 * pid
+    gl.warp_specialize([
+        (_consumer, (0, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                     k_smem.slice(0, SLICE), v_0, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc0,
+                     kv_bar.index(0), full, empty, SK_0, SQ_bh, SDO_bh, TS_0, DK + out_bh, DV + out_bh, stride_gn,
+                     start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, HEAD_DIM, SLICE, CAUSAL, STAGES,
+                     PASS, BLOCKED, DIAG_IN_LOOP)),
+        (_consumer, (1, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                     k_smem.slice(SLICE, SLICE), v_1, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc1,
+                     kv_bar.index(0), full, empty, SK_0 + 1, SQ_bh, SDO_bh, TS_0 + NQ * 4, DK + out_bh, DV + out_bh,
+                     stride_gn, start_n + SLICE, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, HEAD_DIM,
+                     SLICE, CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP)),
+        (_producer, (k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, k_smem, v_smem,
+                     q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar.index(0), full, empty, q_row0,
+                     t_row0, vb, vh, start_n, first, n_blocks, STAGES, SLICE, PASS, BLOCKED)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

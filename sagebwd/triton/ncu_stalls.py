@@ -1,6 +1,6 @@
 """Where each kernel's warps wait: ncu's stall reasons per issued instruction, as a table.
 
-    ncu --csv --kernel-name regex:"_forward_kernel|_dq_kernel|_dkdv_kernel" --metrics \\
+    ncu --csv --kernel-name regex:"_forward_kernel|_dq_kernel|_dkdv_kernel|_dkdv_ws_kernel" --metrics \\
         "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio,sm__inst_issued.avg.pct_of_peak_sustained_active,sm__warps_active.avg.per_cycle_active" \\
         python -m sagebwd.bench --once [--gluon all] > ncu.csv
     python -m sagebwd.triton.ncu_stalls ncu.csv

@@ -580,7 +580,7 @@ def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales,
         q_rows = 2 * SLICE if blocked else SLICE
         common = {**kwargs, "PASS": pass_.value, "BLOCKED": blocked, "DIAG_IN_LOOP": diag_in_loop}
         if name in WARP_SPECIALISED and n % (2 * ROWS) == 0:
-            from . import dkdv_ws_hopper as ws
+            from . import dkdv_ws_hopper as ws   # here: it imports this module
             out.append((name, ws._dkdv_ws_kernel, (n // (2 * ROWS), b * h), args(2 * ROWS, q_rows),
                         {**common, "STAGES": WS_STAGES[name], "CONSUMER_REGS": ws.CONSUMER_REGS,
                          "PRODUCER_REGS": ws.PRODUCER_REGS}))

@@ -254,7 +254,7 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
              op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, KV_BLOCK: gl.constexpr,
              HEAD_DIM: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr,
              MASK_A: gl.constexpr, MASK_B: gl.constexpr, rec_layout: gl.constexpr, MASK_DIAG: gl.constexpr,
-             diag, empty=None, WS: gl.constexpr = False):
+             diag, empty, WS: gl.constexpr):
     """dV, dK after q block `blk` (ring slot r). Slice a (rows 0-63 of the block) runs only if
     HAS_A; MASK_* apply the causal mask (the slice holding the diagonal); MASK_DIAG applies it to
     both slices where the runtime `diag` holds (the diagonal block masked inside the main loop,
@@ -384,13 +384,16 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
 
 
 @gluon.jit
-def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                 SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H,
-                 HEAD_DIM: gl.constexpr, Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, SLICE: gl.constexpr,
-                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr,
-                 DIAG_IN_LOOP: gl.constexpr):
-    gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
-    gl.static_assert(KV_BLOCK == SLICE, "one kv tile per program, as tall as a slice")
+def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc_smem, kv_bar, full, empty,
+             q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK_tile, SQ_bh, SDO_bh, TS_kv, DK_bh, DV_bh,
+             stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, diag_in_a,
+             HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+             PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr, WS: gl.constexpr):
+    """dK and/or dV of the SLICE kv rows from start_n on one warpgroup, from its K^ (and V) landing
+    on kv_bar to the stores: the main loop over the q blocks `first` .. NQ - 1 in ring `full`,
+    which the caller has started to fill (_dkdv_kernel) or a producer warp fills (WS,
+    dkdv_ws_hopper). Causal with the diagonal block peeled: `diag_in_a` says whether these rows are
+    its slice a (a runtime value here, a constexpr in dkdv_ws_hopper)."""
     # _stage_scales: [SCALE_CHUNK, 8] records, 2 per thread; _staged_scales: a whole record per thread
     stage_layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0])
     rec_layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
@@ -401,6 +404,63 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 32])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=4)
+
+    k_scale = gl.load(SK_tile)
+    _stage_scales(sc_smem, first, NQ, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
+    qk_const = sm_scale * 1.4426950408889634
+    offs_kv = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, s_layout))
+    dv = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout)
+    dk = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout)
+    _cta_barrier()   # the records are in shared memory
+    mbarrier.wait(kv_bar, 0)
+
+    loop_start = 0
+    MASK_IN_LOOP: gl.constexpr = CAUSAL and DIAG_IN_LOOP
+    if CAUSAL and not DIAG_IN_LOOP:
+        # The diagonal block, peeled (else the loop masks it: DK_DIAG_IN_LOOP): the kv rows are its
+        # slice a (slice a masked, b full) or its slice b (slice a wholly above the diagonal:
+        # skipped; b masked).
+        if diag_in_a:
+            dv, dk = _q_block(0, first, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                              delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
+                              q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
+                              acc_layout, op_layout, STAGES, SLICE, SLICE, HEAD_DIM, PASS, BLOCKED, True, True, False,
+                              rec_layout, False, False, empty, WS)
+        else:
+            dv, dk = _q_block(0, first, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                              delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
+                              q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
+                              acc_layout, op_layout, STAGES, SLICE, SLICE, HEAD_DIM, PASS, BLOCKED, False, False,
+                              True, rec_layout, False, False, empty, WS)
+        loop_start = 1
+    for r in range(loop_start, n_blocks):
+        if (r % SCALE_CHUNK == 0) & (r > 0):   # the next chunk of records (sequences above 4096)
+            _cta_barrier()   # every warp is done with the last chunk
+            _stage_scales(sc_smem, first + r, NQ, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
+            _cta_barrier()
+        dv, dk = _q_block(r, first + r, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                          delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
+                          q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
+                          acc_layout, op_layout, STAGES, SLICE, SLICE, HEAD_DIM, PASS, BLOCKED, True, False, False,
+                          rec_layout, MASK_IN_LOOP, r == 0, empty, WS)
+
+    offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    out = offs_r[:, None] * stride_gn + offs_d[None, :]
+    if PASS != DV_ONLY:
+        gl.store(DK_bh + out, (dk * sm_scale).to(DK_bh.dtype.element_ty))
+    if PASS != DK_ONLY:
+        gl.store(DV_bh + out, dv.to(DV_bh.dtype.element_ty))
+
+
+@gluon.jit
+def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                 SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H,
+                 HEAD_DIM: gl.constexpr, Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, SLICE: gl.constexpr,
+                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr,
+                 DIAG_IN_LOOP: gl.constexpr):
+    gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
+    gl.static_assert(KV_BLOCK == SLICE, "one kv tile per program, as tall as a slice")
 
     pid_n = gl.program_id(0)   # causal: kv tile 0 sees the most queries and runs first
     bh = gl.program_id(1)
@@ -462,58 +522,18 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
                     _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
                                 delta_smem, bars, i, first + i, h, q_row0, t_row0, vb, vh, STAGES, SLICE)
 
-    k_scale = gl.load(SK + bh * (N // KV_BLOCK) + pid_n)
     SQ_bh = SQ + bh * (N // Q_BLOCK)
     SDO_bh = SDO + bh * (N // Q_BLOCK)
     TS_kv = TILE_SCALES + (bh.to(gl.int64) * (N // KV_BLOCK) + pid_n) * (N // Q_BLOCK) * 4   # kv-major
     sc_smem = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
-    _stage_scales(sc_smem, first, N // Q_BLOCK, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
-    qk_const = sm_scale * 1.4426950408889634
-    offs_kv = start_n + gl.arange(0, KV_BLOCK, layout=gl.SliceLayout(1, s_layout))
-    dv = gl.zeros([KV_BLOCK, HEAD_DIM], gl.float32, acc_layout)
-    dk = gl.zeros([KV_BLOCK, HEAD_DIM], gl.float32, acc_layout)
-    _cta_barrier()   # the records are in shared memory
-    mbarrier.wait(kv_bar, 0)
-
-    loop_start = 0
-    MASK_IN_LOOP: gl.constexpr = CAUSAL and DIAG_IN_LOOP
-    if CAUSAL and not DIAG_IN_LOOP:
-        # The diagonal block, peeled (else the loop masks it: DK_DIAG_IN_LOOP): the kv tile is its
-        # first slice (slice a masked, b full) or its second (slice a wholly above the diagonal:
-        # skipped; b masked).
-        if start_n % Q_BLOCK == 0:
-            dv, dk = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
-                              delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                              n_blocks, q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const,
-                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                              PASS, BLOCKED, True, True, False, rec_layout, False, False)
-        else:
-            dv, dk = _q_block(0, first, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
-                              delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                              n_blocks, q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const,
-                              s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                              PASS, BLOCKED, False, False, True, rec_layout, False, False)
-        loop_start = 1
-    for r in range(loop_start, n_blocks):
-        if (r % SCALE_CHUNK == 0) & (r > 0):   # the next chunk of records (sequences above 4096)
-            _cta_barrier()   # every warp is done with the last chunk
-            _stage_scales(sc_smem, first + r, N // Q_BLOCK, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
-            _cta_barrier()
-        dv, dk = _q_block(r, first + r, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
-                          delta_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
-                          q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const,
-                          s_layout, dp_layout, acc_layout, op_layout, STAGES, SLICE, KV_BLOCK, HEAD_DIM,
-                          PASS, BLOCKED, True, False, False, rec_layout, MASK_IN_LOOP, r == 0)
+    out_bh = vb.to(gl.int64) * stride_gb + vh.to(gl.int64) * stride_gh
+    _kv_tile(k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc_smem, kv_bar, bars, bars,
+             q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK + bh * (N // KV_BLOCK) + pid_n, SQ_bh,
+             SDO_bh, TS_kv, DK + out_bh, DV + out_bh, stride_gn, start_n, first, n_blocks, N // Q_BLOCK, q_row0,
+             t_row0, vb, vh, sm_scale, start_n % Q_BLOCK == 0, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED,
+             DIAG_IN_LOOP, False)
     for i in gl.static_range(2 * STAGES + 1):
         mbarrier.invalidate(bars.index(i))
-
-    offs_r = start_n + gl.arange(0, KV_BLOCK, layout=gl.SliceLayout(1, acc_layout))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    out = vb.to(gl.int64) * stride_gb + vh.to(gl.int64) * stride_gh + offs_r[:, None] * stride_gn + offs_d[None, :]
-    if PASS != DV_ONLY:
-        gl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty))
-    if PASS != DK_ONLY:
-        gl.store(DV + out, dv.to(DV.dtype.element_ty))
 
 
 def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> bool:

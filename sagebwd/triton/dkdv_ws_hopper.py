@@ -7,7 +7,7 @@ the d=128 dK pass makes ten copies per q block, ~170 of its ~980 instructions pe
 barriers. Here:
 
 - one program per 128 kv rows, i.e. two kv tiles: two consumer warpgroups (partitions of 4 warps,
-  240 registers), one per tile, each running dkdv_hopper's _q_block on its own tile. They share
+  240 registers), one per tile, each running dkdv_hopper's _kv_tile on its own tile. They share
   the q side, which is therefore loaded once for both;
 - a producer warp (24 registers) loads K^ and V of both tiles, then the q side into a ring of
   STAGES q blocks (whole blocks, or per slice in the dK pass) on "full" mbarriers; it refills an
@@ -30,8 +30,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .dkdv_hopper import (BOTH, DK_ONLY, DV_ONLY, SCALE_CHUNK, _cta_barrier, _load_block, _load_slice, _q_block,
-                          _seq_copy, _stage_scales)
+from .dkdv_hopper import DK_ONLY, DV_ONLY, SCALE_CHUNK, _kv_tile, _load_block, _load_slice, _seq_copy
 
 CONSUMER_REGS = 240   # 2 consumers x 128 threads x 240 + 128 x 24 = the 64 K registers of an SM
 PRODUCER_REGS = 24
@@ -71,54 +70,12 @@ def _consumer(TILE: gl.constexpr, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_
               sm_scale, HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
               PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr):
     """dK and/or dV of kv tile TILE of the program (SLICE rows from start_n) on one warpgroup:
-    dkdv_hopper._dkdv_kernel's loop, its ring filled by the producer."""
-    stage_layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0])
-    rec_layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, SLICE, 32])
-    dp_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, SLICE, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 32])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=4)
-
-    k_scale = gl.load(SK_tile)
-    _stage_scales(sc_smem, first, NQ, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
-    qk_const = sm_scale * 1.4426950408889634
-    offs_kv = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, s_layout))
-    dv = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout)
-    dk = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout)
-    _cta_barrier()   # the records are in shared memory
-    mbarrier.wait(kv_bar, 0)
-
-    loop_start = 0
-    MASK_IN_LOOP: gl.constexpr = CAUSAL and DIAG_IN_LOOP
-    if CAUSAL and not DIAG_IN_LOOP:
-        # the diagonal block, peeled: tile 0 holds its slice a's diagonal (b unmasked), tile 1 its
-        # slice b's (slice a wholly above the diagonal: skipped)
-        dv, dk = _q_block(0, first, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
-                          delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
-                          q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
-                          acc_layout, op_layout, STAGES, SLICE, SLICE, HEAD_DIM, PASS, BLOCKED, TILE == 0, TILE == 0,
-                          TILE == 1, rec_layout, False, False, empty, True)
-        loop_start = 1
-    for r in range(loop_start, n_blocks):
-        if (r % SCALE_CHUNK == 0) & (r > 0):   # the next chunk of records (sequences above 4096)
-            _cta_barrier()
-            _stage_scales(sc_smem, first + r, NQ, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
-            _cta_barrier()
-        dv, dk = _q_block(r, first + r, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
-                          delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
-                          q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
-                          acc_layout, op_layout, STAGES, SLICE, SLICE, HEAD_DIM, PASS, BLOCKED, True, False, False,
-                          rec_layout, MASK_IN_LOOP, r == 0, empty, True)
-    offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    out = offs_r[:, None] * stride_gn + offs_d[None, :]
-    if PASS != DV_ONLY:
-        gl.store(DK_bh + out, (dk * sm_scale).to(DK_bh.dtype.element_ty))
-    if PASS != DK_ONLY:
-        gl.store(DV_bh + out, dv.to(DV_bh.dtype.element_ty))
+    dkdv_hopper's per-tile loop, its ring filled by the producer. Tile 0 holds slice a of the
+    causal diagonal block, tile 1 its slice b."""
+    _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc_smem, kv_bar, full, empty,
+             q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK_tile, SQ_bh, SDO_bh, TS_kv, DK_bh, DV_bh,
+             stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, TILE == 0, HEAD_DIM, SLICE,
+             CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, True)
 
 
 @gluon.jit

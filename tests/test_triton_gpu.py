@@ -101,6 +101,21 @@ def test_gluon_kernels_match_the_triton_kernels(shape, causal):
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
+@pytest.mark.parametrize("shape", [(2, 3, 384, 64), (2, 3, 384, 128), (1, 2, 4224, 64), (1, 2, 4224, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_warp_specialised_kernels_match_their_references(shape, causal, monkeypatch):
+    """The warp-specialised Gluon dK/dV and dQ (the defaults) against the same Gluon kernels
+    issuing their own loads, which stay the reference and the fallback: bit-identical."""
+    from sagebwd.triton import dkdv_hopper, dq_hopper
+    got = _forward_backward(shape, causal, ("dkdv", "dq"))
+    monkeypatch.setattr(dkdv_hopper, "WARP_SPECIALISED", ())
+    monkeypatch.setattr(dq_hopper, "WARP_SPECIALISED", False)
+    ref = _forward_backward(shape, causal, ("dkdv", "dq"))
+    for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
+        assert torch.equal(a, b), f"{name}: warp specialisation changed {int((a != b).sum())} elements"
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("layout", ["misaligned", "ulysses", "model"])
 def test_gluon_backward_takes_any_layout_of_v_and_do(layout, head_dim):

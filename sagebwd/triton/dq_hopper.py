@@ -20,12 +20,22 @@ per issued instruction) and waits for each dot right after issuing it. Here:
 
     pair u: wait its TMA | tile 2u:   issue dQ_{2u-1}, S, dP | convert dQ_{2u-1} | P, dS |
                                       refill pair u-1's slot | exchange | scales, dS^
+                                      (WS: exchange, then free pair u-1's slot)
             tile 2u+1: issue dQ_{2u}, S, dP | convert dQ_{2u} | P, dS | exchange | scales, dS^
+
+Warp-specialised (WARP_SPECIALISED, the default since v30): the 8 warps above are the default
+partition of gl.warp_specialize (240 registers) and a producer warp (24) issues every copy (Q^
+and dO, then each pair into the ring once its slot is free). The 8 warps free pair u-1's slot
+at tile 2u's exchange (_tile_maxima: its barrier by hand, then one arrive), where they would
+have refilled it: the loop loses the refill's CTA barrier and three copies of ~17 instructions
+(per pair 1217 -> 1121 instructions, 6 -> 3 barriers, offline). The same kernel with WS off is
+its bit-identical reference.
 
 Measured on an H200 (docs/kernel-notes.md, v19): (8,8,4096,128) dQ 1.00 -> 0.92 ms causal,
 1.80 -> 1.55 ms without a mask; at d=64 it was 8-14% slower than the Triton kernel (191
 registers: one program of 8 warps per SM, where the Triton kernel fits two at 128 registers;
-capped at 128 here it spills), so there the Triton kernel runs.
+capped at 128 here it spills), so there the Triton kernel runs. Warp-specialised (v30): 0.863
+-> 0.857 ms causal, 1.53 -> 1.49 ms without a mask.
 Limits (else backward.py runs): head_dim 128, block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations
@@ -40,6 +50,10 @@ from .dkdv_hopper import _desc, _int8_bits, _seq_copy, as_a_operand, seq_desc
 Q_ROWS = 128    # q rows per program = block_q
 KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
 STAGES = 2      # tile pairs in flight
+# A producer warp issues every TMA copy (gl.warp_specialize), the 8 warps of the program compute
+# (v30: dQ -1% causal, -3% without a mask at d=128; bit-identical). False: they issue the copies.
+WARP_SPECIALISED = True
+PRODUCER_REGS = 24
 
 # A CTA barrier (the name changed between Triton 3.6 and 3.7).
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -70,15 +84,22 @@ def _block_scales(amax, EXACT_SCALE: gl.constexpr):
 
 
 @gluon.jit
-def _tile_maxima(p, ds, xbuf, all_layout: gl.constexpr):
+def _tile_maxima(p, ds, xbuf, all_layout: gl.constexpr, empty, i, RELEASE: gl.constexpr):
     """max(P), max|dS| over the 128-row tile: each warp reduces its rows, writes one pair to xbuf,
-    and after one CTA barrier every thread reads all pairs (the compiler's reduction takes two)."""
+    and after one CTA barrier every thread reads all pairs (the compiler's reduction takes two).
+    RELEASE (warp-specialised): after that barrier, every warp has waited on the wgmmas issued
+    before it, so ring entry i of `empty` is free: arrive there. (The compiler then puts a second
+    barrier before the reads: it takes the arrive for a write that may alias xbuf. Arriving after
+    the reads instead costs the same: a barrier before the arrive.)"""
     # P >= 0 orders like its bits as integers, whose max takes two elements per instruction
     p_rows = gl.max(p.to(gl.int32, bitcast=True), axis=1).to(gl.float32, bitcast=True)
     rows = gl.join(p_rows, gl.max(gl.abs(ds), axis=1))                       # [Q_ROWS, 2]
     nw: gl.constexpr = gl.num_warps()
     per_warp = gl.max(gl.reshape(rows, [nw, rows.shape[0] // nw, 2]), axis=1)  # [warps, 2]
     xbuf.store(per_warp)
+    if RELEASE:
+        _cta_barrier()   # the exchange's barrier, placed by hand
+        mbarrier.arrive(empty.index(i))
     both = gl.max(xbuf.load(all_layout), axis=0)                               # [2], in every thread
     col = gl.arange(0, 2, layout=gl.SliceLayout(0, all_layout))
     # (both are >= 0: a max against 0 picks one element)
@@ -91,11 +112,12 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
           bars, row0, t_row0, vb, vh, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
           op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
           Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr,
-          MASK: gl.constexpr, REFILL: gl.constexpr):
+          MASK: gl.constexpr, REFILL: gl.constexpr, empty, WS: gl.constexpr):
     """Tile j, whose K^ and V are in k_tile, v_tile. Unless FIRST, tile j-1's dS^ (ds_prev, int8 in
     its low bytes) times K^ (kt_prev) runs on the tensor cores with S_j and dP_j and is folded into
     dq with scale_prev; REFILL: then TMA pair `refill` (if < n_pairs) into the slot that product
-    read. Returns dq, tile j's dS^ bits and its dQ scale."""
+    read, or (WS) tell the producer warp that slot is free. Returns dq, tile j's dS^ bits and its
+    dQ scale."""
     if not FIRST:
         ds8 = as_a_operand(ds_prev.to(gl.int8), op_layout)
         dq_tok = warpgroup_mma(ds8, kt_prev.permute((1, 0)), gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout),
@@ -115,14 +137,14 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
         p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
     dp = warpgroup_mma_wait(0, deps=[dp_tok])
     ds = p * (gl.convert_layout(dp, s_layout) - delta[:, None])
-    if REFILL and refill < n_pairs:
+    if REFILL and not WS and refill < n_pairs:
         # Before the exchange, whose barrier then orders these copies before the next wgmma
         # reads (else the compiler adds a barrier there). Measured against refilling after the
         # exchange (one more barrier per pair) or in tile 2u+1 (later): -3.5% and -6% unmasked.
         _cta_barrier()   # both warpgroups have waited on the product that read the slot
         _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, refill, row0, t_row0, vb, vh, STAGES,
                    KV_ROWS)
-    p_amax, ds_amax = _tile_maxima(p, ds, xbuf, all_layout)
+    p_amax, ds_amax = _tile_maxima(p, ds, xbuf, all_layout, empty, refill % STAGES, REFILL and WS)
     p_scale, p_inv = _block_scales(p_amax, HEAD_DIM > 64)
     ds_scale, ds_inv = _block_scales(ds_amax, HEAD_DIM > 64)
     slot4 = gl.arange(0, 4, layout=ts_layout)
@@ -136,9 +158,10 @@ def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_sme
           xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh,
           TS_q, TS_step, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
           op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
-          Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr):
+          Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr,
+          empty, WS: gl.constexpr):
     """Tiles 2u and 2u+1 (ring slot u % STAGES). Unless FIRST, the previous pair's last dS^ comes
-    in (ds_prev, scale_prev; its K^T in prev_slot), and tile 2u refills that slot."""
+    in (ds_prev, scale_prev; its K^T in prev_slot), and tile 2u refills that slot (WS: frees it)."""
     slot = u % STAGES
     mbarrier.wait(bars.index(slot), (u // STAGES) & 1)
     k_pair = k_smem.index(slot)
@@ -150,21 +173,36 @@ def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_sme
                               v_pair.slice(0, KV_ROWS), xbuf_a, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,
                               TS_step, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, row0,
                               t_row0, vb, vh, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES,
-                              Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST)
+                              Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST, empty, WS)
     dq, ds_b, scale_b = _tile(2 * u + 1, dq, ds_a, scale_a, kt_pair.slice(0, KV_ROWS, dim=1), q_smem, do_smem,
                               k_pair.slice(KV_ROWS, KV_ROWS), v_pair.slice(KV_ROWS, KV_ROWS), xbuf_b, lse, delta,
                               offs_m, q_scale, qk_const, SK_bh, TS_q, TS_step, refill, n_pairs, k_desc, kt_desc, v_desc,
                               k_smem, kt_smem, v_smem, bars, row0, t_row0, vb, vh, s_layout, dp_layout, acc_layout,
-                              op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, False, MASK, False)
+                              op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, False, MASK, False,
+                              empty, WS)
     return dq, ds_b, scale_b, slot
 
 
 @gluon.jit
-def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn,
-               TILE_SCALES, sm_scale, N, H,
-               HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
-               STAGES: gl.constexpr):
-    gl.static_assert(Q_ROWS == 2 * KV_ROWS, "the causal diagonal is the block's last tile pair")
+def _producer(q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem, kt_smem, v_smem, q_bar, bars, empty,
+              row0, t_row0, vb, vh, start_m, n_pairs, STAGES: gl.constexpr, KV_ROWS: gl.constexpr):
+    """WS: Q^ and dO, then every tile pair into the ring, a slot once the consumers have freed it."""
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], q_bar, q_smem)
+    _seq_copy(do_desc, vb, vh, row0, start_m, q_bar, do_smem)
+    for u in range(n_pairs):
+        if u >= STAGES:
+            mbarrier.wait(empty.index(u % STAGES), ((u // STAGES) - 1) & 1)
+        _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, t_row0, vb, vh, STAGES, KV_ROWS)
+
+
+@gluon.jit
+def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc, kt_desc, v_desc,
+             SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
+             n_pairs, HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
+             STAGES: gl.constexpr, WS: gl.constexpr):
+    """dQ and the tile scales of q block pid_m on all of the program's (WS: the consumer
+    partition's) warps, from its Q^, dO landing on q_bar to the store."""
     nw: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
                                                        instr_shape=[16, KV_ROWS, 32])
@@ -177,41 +215,11 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
     ts_layout: gl.constexpr = gl.BlockedLayout([4], [32], [nw], [0])
     row: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    bh = gl.program_id(1)
     start_m = pid_m * Q_ROWS
     row0 = bh * N
     vb = bh // H   # the batch and head coordinates of v and dO
     vh = bh % H
     t_row0 = bh * HEAD_DIM
-    if CAUSAL:
-        n_pairs = pid_m + 1
-    else:
-        n_pairs = N // Q_ROWS
-
-    q_smem = gl.allocate_shared_memory(gl.int8, [Q_ROWS, HEAD_DIM], q_desc.layout)
-    # v and dO: (rows, HEAD_DIM) or, by 4-D descriptors on their own strides, (1, 1, rows, HEAD_DIM) boxes
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, do_desc.block_type.shape, do_desc.layout)
-    k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, 2 * KV_ROWS, HEAD_DIM], k_desc.layout)
-    kt_smem = gl.allocate_shared_memory(gl.int8, [STAGES, HEAD_DIM, 2 * KV_ROWS], kt_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    # One exchange buffer per tile of a pair: separate allocations, so that the compiler's barrier
-    # before reading one also orders the previous reads of the other (one barrier per tile).
-    x_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    xbuf_a = gl.allocate_shared_memory(gl.float32, [nw, 2], x_layout)
-    xbuf_b = gl.allocate_shared_memory(gl.float32, [nw, 2], x_layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES + 1):
-        mbarrier.init(bars.index(i), count=1)
-    q_bar = bars.index(STAGES)
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], q_bar, q_smem)
-    _seq_copy(do_desc, vb, vh, row0, start_m, q_bar, do_smem)
-    for i in gl.static_range(STAGES):
-        if i < n_pairs:
-            _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, i, row0, t_row0, vb, vh, STAGES, KV_ROWS)
-
     offs_m = start_m + gl.arange(0, Q_ROWS, layout=row)
     lse = gl.load(LSE2 + row0 + offs_m)
     delta = gl.load(DELTA + row0 + offs_m)
@@ -238,38 +246,97 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
             gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
             xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
             SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
-            KV_ROWS, HEAD_DIM, True, False)
+            KV_ROWS, HEAD_DIM, True, False, empty, WS)
         for u in range(1, n_unmasked):
             dq, ds_bits, scale, slot = _pair(
                 u, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars,
                 k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,
                 TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS,
-                HEAD_DIM, False, False)
+                HEAD_DIM, False, False, empty, WS)
         if CAUSAL:
             dq, ds_bits, scale, slot = _pair(
                 n_pairs - 1, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
                 xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
                 SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
-                KV_ROWS, HEAD_DIM, False, True)
+                KV_ROWS, HEAD_DIM, False, True, empty, WS)
     else:   # causal, first q block: only the diagonal pair
         dq, ds_bits, scale, slot = _pair(
             gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
             xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
             SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
-            KV_ROWS, HEAD_DIM, True, True)
+            KV_ROWS, HEAD_DIM, True, True, empty, WS)
     # the last tile's product
     dq_int = warpgroup_mma(as_a_operand(ds_bits.to(gl.int8), op_layout),
                            kt_smem.index(slot).slice(KV_ROWS, KV_ROWS, dim=1).permute((1, 0)),
                            gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout), use_acc=False)
     dq += dq_int.to(gl.float32) * scale
-    for i in gl.static_range(STAGES + 1):
-        mbarrier.invalidate(bars.index(i))
 
     offs_r = start_m + gl.arange(0, Q_ROWS, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    DQ_bh = DQ + (bh // H).to(gl.int64) * stride_gb + (bh % H).to(gl.int64) * stride_gh
+    DQ_bh = DQ + vb.to(gl.int64) * stride_gb + vh.to(gl.int64) * stride_gh
     gl.store(DQ_bh + offs_r[:, None] * stride_gn + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty))
+
+
+@gluon.jit
+def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn,
+               TILE_SCALES, sm_scale, N, H,
+               HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
+               STAGES: gl.constexpr, WS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    gl.static_assert(Q_ROWS == 2 * KV_ROWS, "the causal diagonal is the block's last tile pair")
+    nw: gl.constexpr = gl.num_warps()
+    # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    bh = gl.program_id(1)
+    start_m = pid_m * Q_ROWS
+    row0 = bh * N
+    vb = bh // H
+    vh = bh % H
+    t_row0 = bh * HEAD_DIM
+    if CAUSAL:
+        n_pairs = pid_m + 1
+    else:
+        n_pairs = N // Q_ROWS
+
+    q_smem = gl.allocate_shared_memory(gl.int8, [Q_ROWS, HEAD_DIM], q_desc.layout)
+    # v and dO: (rows, HEAD_DIM) or, by 4-D descriptors on their own strides, (1, 1, rows, HEAD_DIM) boxes
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, 2 * KV_ROWS, HEAD_DIM], k_desc.layout)
+    kt_smem = gl.allocate_shared_memory(gl.int8, [STAGES, HEAD_DIM, 2 * KV_ROWS], kt_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    # One exchange buffer per tile of a pair: separate allocations, so that the compiler's barrier
+    # before reading one also orders the previous reads of the other (one barrier per tile).
+    x_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    xbuf_a = gl.allocate_shared_memory(gl.float32, [nw, 2], x_layout)
+    xbuf_b = gl.allocate_shared_memory(gl.float32, [nw, 2], x_layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES + 1):
+        mbarrier.init(bars.index(i), count=1)
+    q_bar = bars.index(STAGES)
+    if WS:
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(empty.index(i), count=1)   # the consumers arrive once, after a barrier of theirs
+        gl.warp_specialize([
+            (_dq_block, (q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc,
+                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
+                        sm_scale, N, H, pid_m, bh, n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, True)),
+            (_producer, (q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem, kt_smem, v_smem, q_bar,
+                         bars, empty, row0, t_row0, vb, vh, start_m, n_pairs, STAGES, KV_ROWS)),
+        ], [1], [PRODUCER_REGS])
+    else:
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], q_bar, q_smem)
+        _seq_copy(do_desc, vb, vh, row0, start_m, q_bar, do_smem)
+        for i in gl.static_range(STAGES):
+            if i < n_pairs:
+                _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, i, row0, t_row0, vb, vh, STAGES,
+                           KV_ROWS)
+        _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, bars, k_desc, kt_desc, v_desc,
+                 SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
+                 n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, False)
+        for i in gl.static_range(STAGES + 1):
+            mbarrier.invalidate(bars.index(i))
 
 
 def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> bool:
@@ -285,5 +352,6 @@ def launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, c
     args = (_desc(q8.reshape(rows, d), [Q_ROWS, d]), seq_desc(do, Q_ROWS),
             _desc(k8.reshape(rows, d), [2 * KV_ROWS, d]), _desc(k8t.reshape(b * h * d, n), [d, 2 * KV_ROWS]),
             seq_desc(v, 2 * KV_ROWS), s_q, s_k, lse2, delta, dq, *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h)
-    kwargs = dict(HEAD_DIM=d, Q_ROWS=Q_ROWS, KV_ROWS=KV_ROWS, CAUSAL=causal, STAGES=STAGES, num_warps=8)
+    kwargs = dict(HEAD_DIM=d, Q_ROWS=Q_ROWS, KV_ROWS=KV_ROWS, CAUSAL=causal, STAGES=STAGES, num_warps=8,
+                  WS=WARP_SPECIALISED, PRODUCER_REGS=PRODUCER_REGS)
     return (n // Q_ROWS, b * h), args, kwargs

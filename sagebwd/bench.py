@@ -21,6 +21,7 @@ import datetime
 import json
 import platform
 import sys
+import time
 
 import torch
 
@@ -56,6 +57,23 @@ def flops(shape, causal: bool, mode: str) -> float:
     return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd}[mode]
 
 
+def host_ms(step, leaves, n: int = 20) -> float:
+    """Host (CPU) milliseconds to issue one call of step, not waiting for the GPU. Near or above
+    the GPU time the call is launch-bound: the GPU idles between kernels, and timings swing with
+    the host's speed (the d=128 fwd+bwd rows that once read 2x their kernels' sum)."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        for t in leaves:
+            t.grad = None
+        step()
+    elapsed = (time.perf_counter() - start) / n * 1e3
+    torch.cuda.synchronize()
+    return elapsed
+
+
 def time_impl(impl: str, shape, causal: bool, mode: str) -> dict:
     """Median milliseconds of one mode, plus the peak memory of one forward+backward."""
     import triton
@@ -80,6 +98,7 @@ def time_impl(impl: str, shape, causal: bool, mode: str) -> dict:
         return {"ms": None, "error": str(err).splitlines()[0][:200]}
     out = {"ms": ms, "tflops": flops(shape, causal, mode) / ms * 1e-9}
     if mode == "fwd+bwd":
+        out["host_ms"] = host_ms(lambda: fn(q, k, v).backward(do), (q, k, v))
         q.grad = k.grad = v.grad = None
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -146,9 +165,15 @@ def _format_row(row) -> str:
     sage = row["sage"]
     ratios = " ".join(f"{sage['ms'] and row[b].get('ms') and row[b]['ms'] / sage['ms'] or float('nan'):5.2f}x"
                       for b in BASELINES)
+    host = ""
+    if row["mode"] == "fwd+bwd":
+        host = " | host ms " + "/".join(f"{row[i]['host_ms']:.2f}" if row[i].get("host_ms") else "n/a"
+                                        for i in ("sage",) + BASELINES)
+        if sage.get("host_ms") and sage.get("ms") and sage["host_ms"] > 0.8 * sage["ms"]:
+            host += " (sage near launch-bound: its GPU time depends on the host)"
     return (f"{str(tuple(row['shape'])):20} {'causal' if row['causal'] else 'full':6} {row['mode']:8}"
             f" | sage {cell(sage)} | " + " | ".join(f"{b} {cell(row[b])}" for b in BASELINES)
-            + f" | sage speed-up vs {'/'.join(BASELINES)}: {ratios}")
+            + f" | sage speed-up vs {'/'.join(BASELINES)}: {ratios}{host}")
 
 
 def markdown_table(rows) -> str:

@@ -36,6 +36,8 @@ Limits (else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -541,12 +543,18 @@ def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> b
     return head_dim in (64, 128) and block_q == 2 * SLICE and block_kv == ROWS and not smooth_q
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_layout(block: tuple, dtype: torch.dtype):
+    """The swizzled shared-memory layout of a `block` box (get_default_for costs ~10 us a call:
+    half of a descriptor's host time, and a backward builds ~20 descriptors)."""
+    gl_dtype = {torch.int8: gl.int8, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
+                torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
+
+
 def _desc(t, block, strides=None):
     """TMA descriptor of t in `block` boxes, on t's strides unless given."""
-    dtype = {torch.int8: gl.int8, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
-             torch.float32: gl.float32}[t.dtype]
-    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-    return TensorDescriptor(t, list(t.shape), strides or list(t.stride()), block, layout)
+    return TensorDescriptor(t, list(t.shape), strides or list(t.stride()), block, _shared_layout(tuple(block), t.dtype))
 
 
 def _tma_ready(t):

@@ -456,6 +456,39 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
 
 
 @gluon.jit
+def _allocate(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, KV_ROWS: gl.constexpr,
+              HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr):
+    """A program's shared memory for KV_ROWS kv rows (K^, V) and the q side's ring: (k, v, v as
+    [KV_ROWS, HEAD_DIM] rows, q, lse, do, qt, dot, delta). BLOCKED: the q side comes in one copy per
+    block (rings of STAGES), else per slice (2 * STAGES); the descriptors' boxes match (launches()).
+    What a pass does not read gets a placeholder of a few bytes (the code using it is not built)."""
+    RING: gl.constexpr = STAGES if BLOCKED else 2 * STAGES
+    unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    unused3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    k_smem = gl.allocate_shared_memory(gl.int8, [KV_ROWS, HEAD_DIM], k_desc.layout)
+    q_smem = gl.allocate_shared_memory(gl.int8, [RING] + q_desc.block_type.shape, q_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [RING] + lse_desc.block_type.shape, lse_desc.layout)
+    if PASS != DV_ONLY:
+        # v and dO: (rows, HEAD_DIM) or, by 4-D descriptors on their own strides, (1, 1, rows, HEAD_DIM) boxes
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+        v_rows = v_smem.reshape([KV_ROWS, HEAD_DIM])
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [RING] + do_desc.block_type.shape, do_desc.layout)
+        qt_smem = gl.allocate_shared_memory(gl.int8, [RING] + qt_desc.block_type.shape, qt_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [RING] + delta_desc.block_type.shape, delta_desc.layout)
+    else:
+        v_smem = gl.allocate_shared_memory(gl.int8, [1, 16], unused)
+        v_rows = v_smem
+        do_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
+        qt_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [1, 4], unused)
+    if PASS != DK_ONLY:
+        dot_smem = gl.allocate_shared_memory(gl.int8, [RING] + dot_desc.block_type.shape, dot_desc.layout)
+    else:
+        dot_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
+    return k_smem, v_smem, v_rows, q_smem, lse_smem, do_smem, qt_smem, dot_smem, delta_smem
+
+
+@gluon.jit
 def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                  SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H,
                  HEAD_DIM: gl.constexpr, Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, SLICE: gl.constexpr,
@@ -467,31 +500,10 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     pid_n = gl.program_id(0)   # causal: kv tile 0 sees the most queries and runs first
     bh = gl.program_id(1)
     start_n = pid_n * KV_BLOCK
-    k_smem = gl.allocate_shared_memory(gl.int8, [KV_BLOCK, HEAD_DIM], k_desc.layout)
-    # BLOCKED: the q side comes in one copy per block (rings of STAGES), else per slice (2 * STAGES);
-    # the descriptors' boxes match (launches()).
-    RING: gl.constexpr = STAGES if BLOCKED else 2 * STAGES
-    q_smem = gl.allocate_shared_memory(gl.int8, [RING] + q_desc.block_type.shape, q_desc.layout)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [RING] + lse_desc.block_type.shape, lse_desc.layout)
-    # What a pass does not read gets a placeholder of a few bytes (the code using it is not built).
+    k_smem, v_smem, v_tile, q_smem, lse_smem, do_smem, qt_smem, dot_smem, delta_smem = _allocate(
+        k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, KV_BLOCK, HEAD_DIM, STAGES, PASS,
+        BLOCKED)
     unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    unused3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    if PASS != DV_ONLY:
-        # v and dO: (rows, HEAD_DIM) or, by 4-D descriptors on their own strides, (1, 1, rows, HEAD_DIM) boxes
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
-        v_tile = v_smem.reshape([KV_BLOCK, HEAD_DIM])
-        do_smem = gl.allocate_shared_memory(do_desc.dtype, [RING] + do_desc.block_type.shape, do_desc.layout)
-        qt_smem = gl.allocate_shared_memory(gl.int8, [RING] + qt_desc.block_type.shape, qt_desc.layout)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [RING] + delta_desc.block_type.shape, delta_desc.layout)
-    else:
-        v_tile = gl.allocate_shared_memory(gl.int8, [1, 16], unused)
-        do_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
-        qt_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [1, 4], unused)
-    if PASS != DK_ONLY:
-        dot_smem = gl.allocate_shared_memory(gl.int8, [RING] + dot_desc.block_type.shape, dot_desc.layout)
-    else:
-        dot_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
     bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES + 1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2 * STAGES + 1):
         mbarrier.init(bars.index(i), count=1)

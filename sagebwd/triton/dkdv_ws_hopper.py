@@ -30,7 +30,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .dkdv_hopper import DK_ONLY, DV_ONLY, SCALE_CHUNK, _kv_tile, _load_block, _load_slice, _seq_copy
+from .dkdv_hopper import DV_ONLY, SCALE_CHUNK, _allocate, _kv_tile, _load_block, _load_slice, _seq_copy
 
 CONSUMER_REGS = 240   # 2 consumers x 128 threads x 240 + 128 x 24 = the 64 K registers of an SM
 PRODUCER_REGS = 24
@@ -98,29 +98,11 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
         first = 0
     n_blocks = NQ - first
 
-    # the ring: whole q blocks (BLOCKED: STAGES entries) or slices (2 * STAGES), as dkdv_hopper's
-    RING: gl.constexpr = STAGES if BLOCKED else 2 * STAGES
+    # both tiles' K^ and V, and the ring: whole q blocks (BLOCKED: STAGES entries) or slices (2 * STAGES)
+    k_smem, v_smem, v_rows, q_smem, lse_smem, do_smem, qt_smem, dot_smem, delta_smem = _allocate(
+        k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, 2 * SLICE, HEAD_DIM, STAGES, PASS,
+        BLOCKED)
     unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    unused3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    k_smem = gl.allocate_shared_memory(gl.int8, [2 * SLICE, HEAD_DIM], k_desc.layout)
-    q_smem = gl.allocate_shared_memory(gl.int8, [RING] + q_desc.block_type.shape, q_desc.layout)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [RING] + lse_desc.block_type.shape, lse_desc.layout)
-    if PASS != DV_ONLY:
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
-        v_rows = v_smem.reshape([2 * SLICE, HEAD_DIM])
-        do_smem = gl.allocate_shared_memory(do_desc.dtype, [RING] + do_desc.block_type.shape, do_desc.layout)
-        qt_smem = gl.allocate_shared_memory(gl.int8, [RING] + qt_desc.block_type.shape, qt_desc.layout)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [RING] + delta_desc.block_type.shape, delta_desc.layout)
-    else:
-        v_smem = gl.allocate_shared_memory(gl.int8, [2, 16], unused)
-        v_rows = v_smem
-        do_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
-        qt_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [1, 4], unused)
-    if PASS != DK_ONLY:
-        dot_smem = gl.allocate_shared_memory(gl.int8, [RING] + dot_desc.block_type.shape, dot_desc.layout)
-    else:
-        dot_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
     sc0 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
     sc1 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())

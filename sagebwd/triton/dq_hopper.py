@@ -54,6 +54,10 @@ STAGES = 2      # tile pairs in flight
 # (v30: dQ -1% causal, -3% without a mask at d=128; bit-identical). False: they issue the copies.
 WARP_SPECIALISED = True
 PRODUCER_REGS = 24
+# Head dims this kernel takes. It computes d=64 too (bit-identical to backward.py's), but slower
+# there: one program of 8 warps per SM against the Triton kernel's two (v19: +8..14%; v30,
+# warp-specialised: +0..5%). (64, 128) here makes `bench --kernel-times` time it at d=64.
+HEAD_DIMS = (128,)
 
 # A CTA barrier (the name changed between Triton 3.6 and 3.7).
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -340,9 +344,8 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
 
 
 def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> bool:
-    """Whether this kernel covers a dQ call (else backward.py runs it). Not d=64: slower there
-    (module docstring), though it computes the same."""
-    return head_dim == 128 and block_q == Q_ROWS and block_kv == KV_ROWS and not smooth_q
+    """Whether this kernel covers a dQ call (else backward.py runs it): HEAD_DIMS."""
+    return head_dim in HEAD_DIMS and block_q == Q_ROWS and block_kv == KV_ROWS and not smooth_q
 
 
 def launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, causal: bool):

@@ -133,6 +133,47 @@ def time_model_layout(impl: str, shape) -> float:
     return triton.testing.do_bench(step, grad_to_none=[qkv], return_mode="median")
 
 
+GRAPH_SHAPES = [(2, 4, 1024, 128), (4, 8, 2048, 64), (8, 8, 4096, 128)]
+
+
+def graph_vs_eager(shapes=GRAPH_SHAPES) -> list[dict]:
+    """One causal fwd+bwd of SageBwd run eagerly and replayed from a CUDA graph (same inputs): the
+    graph removes the host's launch work, which at small shapes is most of an eager call
+    (`host_ms`); the replay's outputs must equal the eager ones bit for bit."""
+    import triton
+    rows = []
+    for shape in shapes:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, do = [torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4)]
+        q, k, v = [t.requires_grad_() for t in (q, k, v)]
+        fn = attention_fn("sage", True)
+
+        def step():
+            o = fn(q, k, v)
+            return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
+        eager_out = [t.clone() for t in step()]
+        side = torch.cuda.Stream()   # warm-up off the default stream, as torch.cuda.graphs asks
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graph_out = step()
+        graph.replay()
+        torch.cuda.synchronize()
+        row = {"shape": list(shape), "eager_ms": triton.testing.do_bench(step, return_mode="median"),
+               "graph_ms": triton.testing.do_bench(graph.replay, return_mode="median"),
+               "host_ms": host_ms(step, ()),
+               "identical": all(bool(torch.equal(a, b)) for a, b in zip(graph_out, eager_out))}
+        print(f"cuda graph {tuple(shape)} causal fwd+bwd: eager {row['eager_ms']:.3f} ms (host {row['host_ms']:.3f}),"
+              f" graph replay {row['graph_ms']:.3f} ms, outputs identical: {row['identical']}", flush=True)
+        rows.append(row)
+        del graph
+    return rows
+
+
 def model_layout_table(shapes) -> list[dict]:
     rows = []
     for shape in shapes:
@@ -543,6 +584,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model-layout", action="store_true",
                     help="causal fwd+bwd in the model's layout (q, k, v views of one qkv projection), "
                          "its reshapes included, vs SDPA FLASH and CUDNN")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="causal fwd+bwd eager vs replayed from a CUDA graph (the host's launch work removed)")
     ap.add_argument("--once", action="store_true",
                     help="run one causal fwd+bwd at each target shape and exit (for ncu and other profilers)")
     args = ap.parse_args(argv)
@@ -576,6 +619,8 @@ def main(argv=None) -> int:
                                   for shape in (args.kernel_shapes or SHAPES[:2]) for mask in args.kernel_masks]
     if args.model_layout:
         result["model_layout"] = model_layout_table(SHAPES[:2])
+    if args.cuda_graph:
+        result["cuda_graph"] = graph_vs_eager()
     shapes = SHAPES[:1] if args.quick else SHAPES
     if not args.no_bench:
         result["bench"] = benchmark(shapes, args.quick)

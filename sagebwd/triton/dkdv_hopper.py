@@ -92,6 +92,17 @@ def _seq_copy(desc, vb, vh, row0, row, bar, dest):
 
 
 @gluon.jit
+def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, q_row0, start_n, vb, vh, PASS: gl.constexpr):
+    """TMA of the program's K^ rows from start_n (and V, unless the dV pass) on kv_bar."""
+    if PASS != DV_ONLY:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _seq_copy(v_desc, vb, vh, q_row0, start_n, kv_bar, v_smem)
+    else:
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [q_row0 + start_n, 0], kv_bar, k_smem)
+
+
+@gluon.jit
 def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
                 lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, vb, vh, STAGES: gl.constexpr,
                 SLICE: gl.constexpr, PASS: gl.constexpr):
@@ -513,12 +524,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     vh = bh % H
     t_row0 = bh * HEAD_DIM
     kv_bar = bars.index(2 * STAGES)
-    if PASS != DV_ONLY:
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _seq_copy(v_desc, vb, vh, q_row0, start_n, kv_bar, v_smem)
-    else:
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [q_row0 + start_n, 0], kv_bar, k_smem)
+    _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, q_row0, start_n, vb, vh, PASS)
     # q blocks wholly above the diagonal see none of these keys: start at the block holding it.
     if CAUSAL:
         first = start_n // Q_BLOCK

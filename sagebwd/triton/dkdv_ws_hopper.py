@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from .dkdv_hopper import DV_ONLY, SCALE_CHUNK, _allocate, _kv_tile, _load_block, _load_slice, _seq_copy
+from .dkdv_hopper import DV_ONLY, SCALE_CHUNK, _allocate, _kv_tile, _load_block, _load_kv, _load_slice
 
 CONSUMER_REGS = 240   # 2 consumers x 128 threads x 240 + 128 x 24 = the 64 K registers of an SM
 PRODUCER_REGS = 24
@@ -42,12 +42,7 @@ def _producer(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delt
               first, n_blocks, STAGES: gl.constexpr, SLICE: gl.constexpr, PASS: gl.constexpr,
               BLOCKED: gl.constexpr):
     """K^ (and V) of both kv tiles, then the q side of every block the consumers walk, in their order."""
-    if PASS != DV_ONLY:
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _seq_copy(v_desc, vb, vh, q_row0, start_n, kv_bar, v_smem)
-    else:
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [q_row0 + start_n, 0], kv_bar, k_smem)
+    _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, q_row0, start_n, vb, vh, PASS)
     for r in range(n_blocks):
         slot = r % STAGES
         if BLOCKED:

@@ -157,11 +157,36 @@ def _k_order_case() -> dict:
             and bool(torch.equal(do_scale, do_cols_scale))}
 
 
+def _fused_quantize_case() -> dict:
+    """The forward's one-launch quantisation (quantize_qkv) writes what three quantize_blocks calls
+    write, bit for bit: K-smoothing, Q-smoothing, strided inputs, block_q != block_kv."""
+    import torch
+    from sagebwd.triton import quantize as kq
+
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = [torch.randn(1, 256, 2, 64, generator=gen).half().transpose(1, 2) for _ in range(3)]
+    k_mean = kq.sequence_mean(k)
+    fused = kq.quantize_qkv(q, k, v, 128, 64, k_mean=k_mean, smooth_q=True, cols=True)
+    q8, q8t, s_q, mu_q = kq.quantize_blocks(q, 128, smooth_block=True, cols=True)
+    k8, k8t, s_k, _ = kq.quantize_blocks(k, 64, mean=k_mean, cols=True)
+    _, v8t, s_v, _ = kq.quantize_blocks(v, 64, rows=False, cols=True)
+    no_cols = kq.quantize_qkv(q, k, v, 64, 128, k_mean=None, smooth_q=False, cols=False)
+    plain_q = kq.quantize_blocks(q, 64)
+    plain_k = kq.quantize_blocks(k, 128)
+    return {"name": "fused_quantize",
+            "equal": all(bool(torch.equal(a, b)) for a, b in
+                         zip(fused, (q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v))),
+            "no_cols": no_cols[1] is None and no_cols[5] is None and bool(torch.equal(no_cols[0], plain_q[0]))
+            and bool(torch.equal(no_cols[2], plain_q[2])) and bool(torch.equal(no_cols[4], plain_k[0]))
+            and bool(torch.equal(no_cols[6], plain_k[2]))}
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run through the tests (they set TRITON_INTERPRET=1)"
     for case in CASES:
         print(json.dumps(_run_case(*case)), flush=True)
     print(json.dumps(_k_order_case()), flush=True)
+    print(json.dumps(_fused_quantize_case()), flush=True)
     print(json.dumps(_compile_case()), flush=True)
     print(json.dumps(_opcheck_case()), flush=True)
 
@@ -188,6 +213,11 @@ def test_kernels_match_simulation(results, case):
         assert err <= TOLERANCE[case[1]], f"{key}: kernel vs simulation {err:.2e}"
         assert err <= FRACTION_OF_INT8_ERROR * int8_err, \
             f"{key}: kernel vs simulation {err:.2e} is not small against the INT8 error {int8_err:.2e}"
+
+
+def test_one_launch_quantisation_matches_three(results):
+    assert results["fused_quantize"]["equal"], "quantize_qkv differs from quantize_blocks"
+    assert results["fused_quantize"]["no_cols"], "quantize_qkv without cols differs from quantize_blocks"
 
 
 def test_compiles_fullgraph(results):

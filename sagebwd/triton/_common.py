@@ -7,6 +7,7 @@ IEEE-rounded fp32 divisions (``div_rn``: Triton's ``/`` is approximate on the GP
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -122,10 +123,14 @@ def gluon_kernels(device) -> frozenset:
         return frozenset(chosen)
     if interpreting() or getattr(device, "type", None) != "cuda":
         return frozenset()
-    import torch
-    if torch.cuda.get_device_capability(device)[0] != 9:
+    if not _is_hopper(device.index):
         return frozenset()
     return frozenset(chosen)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_hopper(index) -> bool:
+    return torch.cuda.get_device_capability(index)[0] == 9
 
 
 def interpreting() -> bool:

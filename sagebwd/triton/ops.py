@@ -2,7 +2,9 @@
 
 ``attention(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv) -> o`` is differentiable
 and traceable by torch.compile (the ops have fake implementations, so a compiled model keeps
-them as opaque nodes instead of breaking the graph).
+them as opaque nodes instead of breaking the graph). Run eagerly it calls the same
+implementations through a plain torch.autograd.Function: the custom ops' dispatch and autograd
+wrapping cost ~0.3-0.5 ms of host time per forward+backward, a third of the op's (H200 host).
 
 Saved for the backward (as FlashAttention saves Q, K, V, O, LSE; nothing of size N x N):
 Q^ and K^ in both layouts (int8, 4 N D bytes in all), their scales, V, O and the LSE; with
@@ -37,17 +39,12 @@ def _empty(device) -> torch.Tensor:
     return torch.empty(0, device=device, dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{_LIB}::forward", mutates_args=())
-def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, smooth_k: bool,
-                smooth_q: bool, block_q: int, block_kv: int, for_backward: bool
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean); the last six only matter for the backward."""
+def _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, for_backward):
+    """(o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean); the last six only matter for the backward."""
     _check(q, k, v, block_q, block_kv)
     k_mean = _quant.sequence_mean(k) if smooth_k else None
-    q8, q8t, s_q, mu_q = _quant.quantize_blocks(q, block_q, smooth_block=smooth_q, cols=for_backward)
-    k8, k8t, s_k, _ = _quant.quantize_blocks(k, block_kv, mean=k_mean, cols=for_backward)
-    _, v8t, s_v, _ = _quant.quantize_blocks(v, block_kv, rows=False, cols=True)
+    q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v = _quant.quantize_qkv(q, k, v, block_q, block_kv, k_mean=k_mean,
+                                                                     smooth_q=smooth_q, cols=for_backward)
     o, lse = _fwd.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=q.dtype, causal=causal, smooth_k=smooth_k,
                           mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv, layout_of=q)
     def unused(dtype=torch.float32):   # a fresh empty tensor each: op outputs must not alias
@@ -55,6 +52,15 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return (o, lse, q8, q8t if for_backward else unused(torch.int8), s_q, k8,
             k8t if for_backward else unused(torch.int8), s_k,
             mu_q if smooth_q else unused(), k_mean if smooth_k else unused())
+
+
+@torch.library.custom_op(f"{_LIB}::forward", mutates_args=())
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, smooth_k: bool,
+                smooth_q: bool, block_q: int, block_kv: int, for_backward: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean); the last six only matter for the backward."""
+    return _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, for_backward)
 
 
 @_forward_op.register_fake
@@ -69,16 +75,22 @@ def _forward_fake(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, for_ba
             q.new_empty((b * h, d), dtype=f32) if smooth_k else q.new_empty((0,), dtype=f32))
 
 
-@torch.library.custom_op(f"{_LIB}::backward", mutates_args=())
-def _backward_op(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, q8: torch.Tensor, q8t: torch.Tensor,
-                 s_q: torch.Tensor, k8: torch.Tensor, k8t: torch.Tensor, s_k: torch.Tensor, v: torch.Tensor,
-                 k: torch.Tensor, mu_q: torch.Tensor, k_mean: torch.Tensor, causal: bool, smooth_k: bool,
-                 smooth_q: bool, block_q: int, block_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, smooth_k, smooth_q,
+                   block_q, block_kv):
     assert q8t.numel() == q8.numel(), "the forward ran without for_backward=True"
     delta, lse2, do8t, s_do = _quant.backward_preprocess(do, o, lse, block_q)
     return _bwd.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, causal=causal,
                          smooth_k=smooth_k, mu_q=mu_q if smooth_q else None, k=k,
                          k_mean=k_mean if smooth_k else None, block_q=block_q, block_kv=block_kv, layout_of=o)
+
+
+@torch.library.custom_op(f"{_LIB}::backward", mutates_args=())
+def _backward_op(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, q8: torch.Tensor, q8t: torch.Tensor,
+                 s_q: torch.Tensor, k8: torch.Tensor, k8t: torch.Tensor, s_k: torch.Tensor, v: torch.Tensor,
+                 k: torch.Tensor, mu_q: torch.Tensor, k_mean: torch.Tensor, causal: bool, smooth_k: bool,
+                 smooth_q: bool, block_q: int, block_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, smooth_k, smooth_q,
+                          block_q, block_kv)
 
 
 @_backward_op.register_fake
@@ -87,13 +99,19 @@ def _backward_fake(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, c
     return tuple(empty_in_layout_of(o, v.dtype) for _ in range(3))   # in O's (= q's) memory order
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, _ = inputs
+def _save(ctx, k, v, flags, output):
+    """What the backward keeps (the same for both autograd paths below)."""
     o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = output
     # K itself is needed only for the Q-smoothing bias; otherwise keep nothing of it.
-    ctx.save_for_backward(o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k if smooth_q else _empty(k.device),
+    ctx.save_for_backward(o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k if flags[2] else _empty(k.device),
                           mu_q, k_mean)
-    ctx.flags = (causal, smooth_k, smooth_q, block_q, block_kv)
+    ctx.flags = flags
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, _ = inputs
+    _save(ctx, k, v, (causal, smooth_k, smooth_q, block_q, block_kv), output)
+    lse, s_q, s_k, mu_q, k_mean = (output[i] for i in (1, 4, 7, 8, 9))
     ctx.mark_non_differentiable(lse, s_q, s_k, mu_q, k_mean)
     # Only O has a gradient. Materialised, the other nine outputs' would be zero tensors, four of
     # them INT8 the size of Q/K: a fill of 134 MB, 43 us per backward at (8,8,4096,128) on an H200.
@@ -111,6 +129,22 @@ def _backward(ctx, do, *unused):
 torch.library.register_autograd(f"{_LIB}::forward", _backward, setup_context=_setup_context)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """The eager path of attention(): the custom ops' implementations and autograd formula
+    (bit-identical results; tests/test_triton_interpreter.py compares it with the compiled op)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, smooth_k, smooth_q, block_q, block_kv):
+        output = _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, True)
+        _save(ctx, k, v, (causal, smooth_k, smooth_q, block_q, block_kv), output)
+        return output[0]
+
+    @staticmethod
+    def backward(ctx, do):
+        dq, dk, dv = _backward_impl(do, *ctx.saved_tensors, *ctx.flags)
+        return dq, dk, dv, None, None, None, None, None
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, smooth_k: bool = True,
               smooth_q: bool = False, block_q: int = 128, block_kv: int = 64) -> torch.Tensor:
     """SageBwd attention on CUDA (or Triton's interpreter): O (B,H,N,D) in the input dtype.
@@ -121,4 +155,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     (batch, seq, heads, dim) tensor, O.transpose(1, 2) is a contiguous (batch, seq, heads, dim).
     """
     for_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return _forward_op(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, for_backward)[0]
+    if torch.compiler.is_compiling():   # the registered op: an opaque node with its autograd formula
+        return _forward_op(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, for_backward)[0]
+    # Eager: the same functions through a plain autograd.Function, without the custom ops'
+    # dispatch (~0.3-0.5 ms of host time per fwd+bwd on the H200's host; docs/benchmarks.md).
+    if for_backward:
+        return _EagerAttention.apply(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv)
+    return _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, False)[0]

@@ -1,4 +1,4 @@
-"""`python -m launcher.profile_step --config FILE [--set KEY=VALUE ...] [--steps N] [--top K]`
+"""`python -m launcher.profile_step --config FILE [--set KEY=VALUE ...] [--steps N] [--top K] [--compile MODE]`
 
 Where one training step's time goes, on one device and without DeepSpeed: the config's model
 (bf16 on CUDA, fp32 on the CPU) and one micro-batch of its data, `--steps` forward and
@@ -6,6 +6,8 @@ backward passes with the trainer's loss, timed, then profiled with torch.profile
 CUDA kernels (or CPU ops, without a GPU) by time per step. Run it with `--set
 model.attention=fpa` and `--set model.attention=sagebwd --set model.smoothing=k` to see the
 attention kernels against the rest of the step, and which SDPA kernel FPA actually ran.
+`--compile reduce-overhead` times the step compiled and replayed from CUDA graphs, where no
+launch costs host time.
 """
 from __future__ import annotations
 
@@ -19,8 +21,16 @@ from launcher.config import RunConfig, load_run_config
 from launcher.overrides import ConfigError
 
 
-def profile_step(config: RunConfig, steps: int, top: int) -> dict:
-    """{'step_ms', 'device', 'rows': [(ms per step, calls per step, name)], ...}."""
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
+
+
+def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "none",
+                 compile_backend: str = "inductor") -> dict:
+    """{'step_ms', 'device', 'rows': [(ms per step, calls per step, name)], ...}.
+
+    compile_mode: torch.compile's mode for the model ("none": eager). SageBwd stays one opaque
+    op in the compiled graph (its torch.library registration); "reduce-overhead" replays the
+    step from CUDA graphs, which removes the op's host time (docs/benchmarks.md, "Host time")."""
     from launcher.data import build_batches
     from launcher.train import lm_loss
     from model import Llama
@@ -29,17 +39,23 @@ def profile_step(config: RunConfig, steps: int, top: int) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = Llama(config.model).to(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
     x, y = (t.to(device) for t in next(iter(build_batches(config)[0])))
+    forward = model
+    if compile_mode != "none":
+        forward = torch.compile(model, backend=compile_backend,
+                                **({} if compile_mode == "default" else {"mode": compile_mode}))
 
     def step():
         for p in model.parameters():
             p.grad = None
-        lm_loss(model(x), y).backward()
+        if compile_mode == "reduce-overhead":   # a new step: the graphs' outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
+        lm_loss(forward(x), y).backward()
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    for _ in range(2):   # compilation, autotuning, allocator growth
+    for _ in range(2 if compile_mode == "none" else 4):   # compilation, autotuning, graph capture, allocator
         step()
     sync()
     start = time.perf_counter()
@@ -74,18 +90,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--steps", type=int, default=3, help="steps timed, then steps profiled (default 3)")
     parser.add_argument("--top", type=int, default=20, help="kernels (or ops) listed (default 20)")
+    parser.add_argument("--compile", choices=COMPILE_MODES, default="none",
+                        help="torch.compile the model in this mode (default: none, eager)")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile's backend (default inductor; aot_eager traces without code generation)")
     args = parser.parse_args(argv)
     for flag, value in (("--steps", args.steps), ("--top", args.top)):
         if value < 1:
             parser.error(f"{flag} {value}: give a positive count")
     try:
         config = load_run_config(args.config, args.overrides)
-        result = profile_step(config, args.steps, args.top)
+        result = profile_step(config, args.steps, args.top, args.compile, args.compile_backend)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     what = "CUDA kernels" if result["device"] != "cpu" else "CPU ops"
-    print(f"{result['device']}: attention={config.model.attention}, {result['tokens']:,} tokens per step, "
+    print(f"{result['device']}: attention={config.model.attention}, compile={args.compile}, "
+          f"{result['tokens']:,} tokens per step, "
           f"{result['step_ms']:.2f} ms per step (wall); {what} {result['total_ms']:.2f} ms per step in all")
     print(f"| ms per step | calls per step | {what[:-1]} |")
     print("|---|---|---|")

@@ -31,6 +31,14 @@ def test_prints_the_step_time_and_its_top_ops(config_path, capsys):
     assert any(float(r.split("|")[1]) > 0 for r in rows)
 
 
+def test_the_step_compiles_with_the_op_inside(config_path, capsys):
+    # aot_eager: dynamo's tracing and the autograd graph, no code generation (that needs a GPU to matter)
+    argv = ["--config", str(config_path), "--steps", "1", "--top", "3", "--compile", "default",
+            "--compile-backend", "aot_eager"]
+    assert profile_step.main(argv) == 0
+    assert "compile=default" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--steps", "0"], "--steps 0: give a positive count"),
     (["--top", "-1"], "--top -1: give a positive count"),

@@ -187,6 +187,8 @@ def train(config: RunConfig, *, resume: str = "none",
         from model.sequence_parallel import enable_ulysses
 
         enable_ulysses(model, sp_group)
+    if config.train.compile:
+        model.compile()   # in place: parameter names (and so checkpoints) unchanged
     engine = build_engine(model, config, layout)
     from data_prep.loader import data_parallel_coords
 

@@ -104,6 +104,19 @@ def test_grad_accumulation_counts_optimizer_steps(tracking_uri):
     assert lrs[:2] == pytest.approx([1.5e-3, 3e-3])  # the schedule moves once per 2 micro-batches
 
 
+def test_a_compiled_model_trains_as_the_eager_one(tracking_uri):
+    # train.compile: nn.Module.compile under the DeepSpeed engine (Inductor; ~20 s on 2 cores)
+    def run(compile_model: bool):
+        raw = {**MICRO_RUN, "model": {**MICRO_RUN["model"], "attention": "fpa"}, "schedule": {"warmup_steps": 2},
+               "train": {**MICRO_RUN["train"], "steps": 4, "compile": compile_model},
+               "eval": {"every": 4, "batches": 1}, "tracking": {"experiment": "test-train", "tracking_uri": tracking_uri}}
+        return train(build_run_config(raw))
+    eager, compiled = run(False), run(True)
+    assert [loss for _, loss in compiled.train_loss] == pytest.approx([loss for _, loss in eager.train_loss], rel=1e-5)
+    assert compiled.train_loss[-1][1] < compiled.train_loss[0][1]
+    assert MlflowClient(tracking_uri).get_run(compiled.run_id).data.params["train.compile"] == "True"
+
+
 def test_a_diverging_run_stops_and_is_marked_failed(tracking_uri):
     raw = {**MICRO_RUN, "optimizer": {"lr": 1e6, "grad_clip": 0.0},
            "train": {"steps": 20, "micro_batch_size": 2},

@@ -154,6 +154,9 @@ def test_data_parallel_matches_one_process(dp2, reference):
                       "--set", "parallel.zero_stage=0"], False),
     ("sp2-zero3", 2, ["--set", "train.micro_batch_size=4", "--set", "parallel.sp=2",
                       "--set", "parallel.zero_stage=3"], False),
+    # the model under torch.compile, Ulysses' all-to-alls inside it (train.compile)
+    ("sp2-zero0-compiled", 2, ["--set", "train.micro_batch_size=4", "--set", "parallel.sp=2",
+                               "--set", "parallel.zero_stage=0", "--set", "train.compile=true"], False),
     ("dp2xsp2-zero2-slurm", 4, ["--set", "train.micro_batch_size=2", "--set", "parallel.sp=2",
                                 "--set", "parallel.zero_stage=2",
                                 "--set", "train.tokens_per_step=256"], True),

@@ -98,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value in (("--steps", args.steps), ("--top", args.top)):
         if value < 1:
             parser.error(f"{flag} {value}: give a positive count")
+    if args.compile != "none":
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if args.compile_backend not in backends:
+            parser.error(f"--compile-backend {args.compile_backend}: not a torch.compile backend here; "
+                         f"use one of {', '.join(sorted(backends))}")
     try:
         config = load_run_config(args.config, args.overrides)
         result = profile_step(config, args.steps, args.top, args.compile, args.compile_backend)

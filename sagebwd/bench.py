@@ -137,9 +137,10 @@ GRAPH_SHAPES = [(2, 4, 1024, 128), (4, 8, 2048, 64), (8, 8, 4096, 128)]
 
 
 def graph_vs_eager(shapes=GRAPH_SHAPES) -> list[dict]:
-    """One causal fwd+bwd of SageBwd run eagerly and replayed from a CUDA graph (same inputs): the
-    graph removes the host's launch work, which at small shapes is most of an eager call
-    (`host_ms`); the replay's outputs must equal the eager ones bit for bit."""
+    """One causal fwd+bwd of SageBwd run eagerly, under torch.compile (the registered custom ops)
+    and replayed from a CUDA graph (same inputs): the graph removes the host's launch work, which
+    at small shapes is most of an eager call (`host_ms`); the compiled and replayed outputs must
+    equal the eager ones bit for bit."""
     import triton
     rows = []
     for shape in shapes:
@@ -152,6 +153,12 @@ def graph_vs_eager(shapes=GRAPH_SHAPES) -> list[dict]:
             o = fn(q, k, v)
             return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
         eager_out = [t.clone() for t in step()]
+        compiled_fn = torch.compile(fn, dynamic=False)
+
+        def compiled_step():
+            o = compiled_fn(q, k, v)
+            return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
+        compiled_out = [t.clone() for t in compiled_step()]
         side = torch.cuda.Stream()   # warm-up off the default stream, as torch.cuda.graphs asks
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -166,9 +173,14 @@ def graph_vs_eager(shapes=GRAPH_SHAPES) -> list[dict]:
         row = {"shape": list(shape), "eager_ms": triton.testing.do_bench(step, return_mode="median"),
                "graph_ms": triton.testing.do_bench(graph.replay, return_mode="median"),
                "host_ms": host_ms(step, ()),
-               "identical": all(bool(torch.equal(a, b)) for a, b in zip(graph_out, eager_out))}
+               "compiled_ms": triton.testing.do_bench(compiled_step, return_mode="median"),
+               "compiled_host_ms": host_ms(compiled_step, ()),
+               "identical": all(bool(torch.equal(a, b)) for a, b in zip(graph_out, eager_out)),
+               "compiled_identical": all(bool(torch.equal(a, b)) for a, b in zip(compiled_out, eager_out))}
         print(f"cuda graph {tuple(shape)} causal fwd+bwd: eager {row['eager_ms']:.3f} ms (host {row['host_ms']:.3f}),"
-              f" graph replay {row['graph_ms']:.3f} ms, outputs identical: {row['identical']}", flush=True)
+              f" torch.compile {row['compiled_ms']:.3f} ms (host {row['compiled_host_ms']:.3f}),"
+              f" graph replay {row['graph_ms']:.3f} ms, outputs identical: {row['identical']} (compiled:"
+              f" {row['compiled_identical']})", flush=True)
         rows.append(row)
         del graph
     return rows

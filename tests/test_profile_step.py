@@ -42,6 +42,7 @@ def test_the_step_compiles_with_the_op_inside(config_path, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--steps", "0"], "--steps 0: give a positive count"),
     (["--top", "-1"], "--top -1: give a positive count"),
+    (["--compile", "default", "--compile-backend", "tensorrtx"], "--compile-backend tensorrtx: not a torch.compile"),
 ])
 def test_rejects_counts_below_one(config_path, argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -49,6 +49,7 @@ def test_explicit_model_fields_override_the_preset(tmp_path):
     (["schedule.warmup_steps=11"], r"warmup_steps \(11\) exceeds train\.steps \(10\)"),
     (["schedule.min_lr_ratio=2"], r"schedule\.min_lr_ratio"),
     (["model.preset=gpt5"], r"unknown model preset 'gpt5'"),
+    (["train.compile=sometimes"], r"train\.compile: .*valid boolean.*'sometimes'"),
 ])
 def test_bad_values_are_reported_with_their_key(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -19,22 +19,29 @@ from ._common import LOG2E, block_scales, interpreting, launch, mul_rn, quantize
 
 
 @triton.jit
-def _quantize_block(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, stride_n, stride_d, H, N, blk, bh,
-                    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SUBTRACT_MEAN: tl.constexpr,
-                    SMOOTH_BLOCK: tl.constexpr, WRITE_ROWS: tl.constexpr, WRITE_COLS: tl.constexpr):
-    """Quantise block `blk` (BLOCK rows) of X[b, h] (after optional smoothing)."""
-    offs_n = blk * BLOCK + tl.arange(0, BLOCK)
+def _quantize_tile(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, stride_n, stride_d, H, N, tile, bh,
+                   TILE: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SUBTRACT_MEAN: tl.constexpr,
+                   SMOOTH_BLOCK: tl.constexpr, WRITE_ROWS: tl.constexpr, WRITE_COLS: tl.constexpr):
+    """Quantise rows tile*TILE .. of X[b, h] (after optional smoothing): TILE / BLOCK blocks, each
+    with its own scale (one launch can then quantise tensors of different blocks in tiles of one
+    size: quantize_qkv)."""
+    S: tl.constexpr = TILE // BLOCK
+    offs_n = tile * TILE + tl.arange(0, TILE)
     offs_d = tl.arange(0, HEAD_DIM)
     base = X + (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
     x = tl.load(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d).to(tl.float32)
     if SUBTRACT_MEAN:   # K-smoothing: K - mean over the whole sequence
         x -= tl.load(MEAN + bh * HEAD_DIM + offs_d)[None, :]
     if SMOOTH_BLOCK:    # Q-smoothing: Q_i - mean of block i; the mean is kept for the bias terms
+        tl.static_assert(S == 1, "Q-smoothing takes one block per tile")
         mu = tl.sum(x, axis=0) * (1.0 / BLOCK)   # BLOCK is a power of two: exact division
-        tl.store(BLOCK_MEAN + (bh * (N // BLOCK) + blk) * HEAD_DIM + offs_d, mu)
+        tl.store(BLOCK_MEAN + (bh * (N // BLOCK) + tile) * HEAD_DIM + offs_d, mu)
         x -= mu[None, :]
-    x8, scale = quantize_tile(x)
-    tl.store(SCALE + bh * (N // BLOCK) + blk, scale)
+    x3 = tl.reshape(x, [S, BLOCK, HEAD_DIM])
+    amax = tl.max(tl.max(tl.abs(x3), axis=2), axis=1)
+    scale, inv = block_scales(amax)
+    x8 = tl.reshape(round_to_int8(mul_rn(x3, inv[:, None, None])), [TILE, HEAD_DIM])
+    tl.store(SCALE + bh * (N // BLOCK) + tile * S + tl.arange(0, S), scale)
     out = bh.to(tl.int64) * N * HEAD_DIM
     if WRITE_ROWS:
         tl.store(ROWS + out + offs_n[:, None] * HEAD_DIM + offs_d[None, :], x8)
@@ -48,36 +55,9 @@ def _quantize_blocks_kernel(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN,
                             BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
                             SUBTRACT_MEAN: tl.constexpr, SMOOTH_BLOCK: tl.constexpr,
                             WRITE_ROWS: tl.constexpr, WRITE_COLS: tl.constexpr):
-    _quantize_block(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, stride_n, stride_d, H, N,
-                    tl.program_id(0), tl.program_id(1), BLOCK, HEAD_DIM, SUBTRACT_MEAN, SMOOTH_BLOCK, WRITE_ROWS,
-                    WRITE_COLS)
-
-
-@triton.jit
-def _quantize_tile_of_blocks(X, MEAN, ROWS, COLS, SCALE, stride_b, stride_h, stride_n, stride_d, H, N, tile, bh,
-                             TILE: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
-                             SUBTRACT_MEAN: tl.constexpr, WRITE_ROWS: tl.constexpr, WRITE_COLS: tl.constexpr):
-    """_quantize_block over TILE rows that hold TILE / BLOCK blocks, each with its own scale (the
-    same arithmetic per element: bit-identical), so that one launch quantises every tensor in
-    tiles of one size (quantize_qkv). No Q-smoothing here: its block mean goes through
-    _quantize_block."""
-    S: tl.constexpr = TILE // BLOCK
-    offs_n = tile * TILE + tl.arange(0, TILE)
-    offs_d = tl.arange(0, HEAD_DIM)
-    base = X + (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
-    x = tl.load(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d).to(tl.float32)
-    if SUBTRACT_MEAN:
-        x -= tl.load(MEAN + bh * HEAD_DIM + offs_d)[None, :]
-    x3 = tl.reshape(x, [S, BLOCK, HEAD_DIM])
-    amax = tl.max(tl.max(tl.abs(x3), axis=2), axis=1)
-    scale, inv = block_scales(amax)
-    x8 = tl.reshape(round_to_int8(mul_rn(x3, inv[:, None, None])), [TILE, HEAD_DIM])
-    tl.store(SCALE + bh * (N // BLOCK) + tile * S + tl.arange(0, S), scale)
-    out = bh.to(tl.int64) * N * HEAD_DIM
-    if WRITE_ROWS:
-        tl.store(ROWS + out + offs_n[:, None] * HEAD_DIM + offs_d[None, :], x8)
-    if WRITE_COLS:
-        tl.store(COLS + out + offs_d[:, None] * N + offs_n[None, :], to_k_order(tl.trans(x8)))
+    _quantize_tile(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, stride_n, stride_d, H, N,
+                   tl.program_id(0), tl.program_id(1), BLOCK, BLOCK, HEAD_DIM, SUBTRACT_MEAN, SMOOTH_BLOCK,
+                   WRITE_ROWS, WRITE_COLS)
 
 
 @triton.jit
@@ -92,19 +72,15 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
     tile = tl.program_id(0)
     bh = tl.program_id(1)
     which = tl.program_id(2)
-    if which == 0:
-        if SMOOTH_Q:   # the block mean: one block per program (TILE == BLOCK_Q, quantize_qkv)
-            _quantize_block(Q, SQ, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N,
-                            tile, bh, BLOCK_Q, HEAD_DIM, False, True, True, COLS)
-        else:
-            _quantize_tile_of_blocks(Q, SQ, Q_ROWS, Q_COLS, SQ, stride_qb, stride_qh, stride_qn, stride_qd, H, N,
-                                     tile, bh, TILE, BLOCK_Q, HEAD_DIM, False, True, COLS)
+    if which == 0:   # Q-smoothing's block mean needs TILE == BLOCK_Q (quantize_qkv)
+        _quantize_tile(Q, SQ, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N,
+                       tile, bh, TILE, BLOCK_Q, HEAD_DIM, False, SMOOTH_Q, True, COLS)
     elif which == 1:
-        _quantize_tile_of_blocks(K, K_MEAN, K_ROWS, K_COLS, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N,
-                                 tile, bh, TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, True, COLS)
+        _quantize_tile(K, K_MEAN, K_ROWS, K_COLS, SK, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N,
+                       tile, bh, TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, False, True, COLS)
     else:
-        _quantize_tile_of_blocks(V, SV, SV, V_COLS, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N,
-                                 tile, bh, TILE, BLOCK_KV, HEAD_DIM, False, False, True)
+        _quantize_tile(V, SV, SV, V_COLS, SV, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N,
+                       tile, bh, TILE, BLOCK_KV, HEAD_DIM, False, False, False, True)
 
 
 @triton.jit

@@ -63,7 +63,8 @@ class TrainConfig(Section):
     # checkpoints keep their names). Fuses the elementwise layers (norms, RoPE, SwiGLU): about
     # half the step time of the eager model on an H200 at seq 4096 (docs/benchmarks.md, "A
     # training step under torch.compile"); the first steps pay the compilation. SageBwd stays
-    # one opaque op in the graph.
+    # one opaque op in the graph; under Ulysses SP the attention wrapper runs eagerly
+    # (model/sequence_parallel.py says why).
     compile: bool = False
 
 

@@ -36,6 +36,11 @@ class UlyssesAttention(nn.Module):
         self.dist_attn = DistributedAttention(HeadsFirst(core), group, scatter_idx=2,
                                               gather_idx=1)
 
+    # Runs eagerly inside a compiled model (a graph break on each side). DeepSpeed's _SeqAllToAll
+    # fills an empty buffer with an in-place all_to_all_single; traced by torch.compile on NCCL,
+    # its gradient was lost: grad norm halved and training diverged from the eager run (2 x
+    # H200, docs/results.md; tests/sp_compile_worker.py checks the gradients).
+    @torch.compiler.disable
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # contiguous (the all-to-all reshapes its input with views): a no-op for q and k, which RoPE
         # writes in (batch, seq, heads, dim) memory; v, a view of the qkv projection, is copied

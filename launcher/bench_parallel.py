@@ -1,10 +1,12 @@
 """`python -m launcher.bench_parallel --config FILE --out DIR [--nproc 2] [--layout dp2xsp2 ...]
-[--set k=v ...]`
+[--compile off|on|both] [--set k=v ...]`
 
 FPA vs SageBwd throughput on this machine's GPUs, for each layout (default: DP=nproc and
 SP=nproc): real training runs of launcher.train started with torchrun, logged to one MLflow
 store (DIR/mlflow.db), then a Markdown table (DIR/results.md) read back from that store.
 The table is rewritten after every run, so a time limit still leaves the finished rows.
+`--compile both` runs every layout and backend eagerly and under torch.compile
+(`train.compile=true`, runs named `...-compiled`).
 """
 from __future__ import annotations
 
@@ -40,6 +42,15 @@ def layouts(nproc: int, names: list[str] | None = None) -> list[tuple[str, list[
 def backends() -> list[tuple[str, list[str]]]:
     return [("fpa", ["model.attention=fpa", "model.smoothing=none"]),
             ("sagebwd", ["model.attention=sagebwd", "model.smoothing=k"])]
+
+
+COMPILE_CHOICES = {"off": [False], "on": [True], "both": [False, True]}
+
+
+def compile_variants(choice: str) -> list[tuple[str, list[str]]]:
+    """(run-name suffix, overrides) for each compile setting asked for."""
+    return [("-compiled" if on else "", [f"train.compile={str(on).lower()}"])
+            for on in COMPILE_CHOICES[choice]]
 
 
 def run_one(name: str, args: argparse.Namespace, sets: list[str], log) -> int:
@@ -80,7 +91,8 @@ def table(store: Path, experiment: str) -> str:
         p = run.data.params
         layout = (f"DP {p.get('derived.dp')} x SP {p.get('derived.sp')}, micro "
                   f"{p.get('derived.micro_batch')}, seq {p.get('model.seq_len')}, ZeRO "
-                  f"{p.get('parallel.zero_stage')}")
+                  f"{p.get('parallel.zero_stage')}"
+                  + (", compiled" if p.get("train.compile") == "True" else ""))
         loss, evals, mem = series("loss"), series("eval_loss"), series("memory_gib")
         mfu = median("mfu")
         fmt = lambda v, f: "—" if v is None else format(v, f)  # noqa: E731
@@ -100,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--layout", dest="layouts", action="append", default=None,
                         help="dpN, spN or dpAxspB, repeatable (default: dpNPROC and spNPROC)")
+    parser.add_argument("--compile", choices=sorted(COMPILE_CHOICES), default="off",
+                        help="train.compile for every run: off, on, or both (each run twice)")
     parser.add_argument("--run-timeout", type=int, default=RUN_TIMEOUT_S)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
@@ -116,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     with open(out / "bench.log", "a") as log:
         for layout, layout_sets in plan:
-            for backend, backend_sets in backends():
-                code = run_one(f"{backend}-{layout}", args, [*layout_sets, *backend_sets], log)
-                failures += code != 0
-                text = table(out / "mlflow.db", experiment)
-                (out / "results.md").write_text(text + "\n")
-                print(f"{backend}-{layout}: exit {code}\n{text}", flush=True)
+            for suffix, compile_sets in compile_variants(args.compile):
+                for backend, backend_sets in backends():
+                    name = f"{backend}-{layout}{suffix}"
+                    code = run_one(name, args, [*layout_sets, *backend_sets, *compile_sets], log)
+                    failures += code != 0
+                    text = table(out / "mlflow.db", experiment)
+                    (out / "results.md").write_text(text + "\n")
+                    print(f"{name}: exit {code}\n{text}", flush=True)
     return 1 if failures else 0
 
 

@@ -106,3 +106,33 @@ def test_bench_parallel_layouts_name_dp_and_sp():
         layouts(4, ["dp3"])
     with pytest.raises(ValueError, match="dpAxspB"):
         layouts(4, ["dp2-sp2"])
+
+
+def test_bench_parallel_compile_variants_and_table(tmp_path):
+    """--compile both runs each cell eager and compiled; the table, read back from a real
+    sqlite MLflow store, marks the compiled run and takes medians after the warm-up steps."""
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    from launcher.bench_parallel import WARMUP_STEPS_SKIPPED, compile_variants, table
+
+    assert compile_variants("off") == [("", ["train.compile=false"])]
+    assert compile_variants("both") == [("", ["train.compile=false"]),
+                                        ("-compiled", ["train.compile=true"])]
+    store = tmp_path / "mlflow.db"
+    client = MlflowClient(f"sqlite:///{store}")
+    experiment = client.create_experiment("bench")
+    for name, compiled, speed in [("fpa-sp2", False, 100.0), ("fpa-sp2-compiled", True, 160.0)]:
+        run = client.create_run(experiment, run_name=name)
+        params = {"derived.dp": "1", "derived.sp": "2", "derived.micro_batch": "4",
+                  "model.seq_len": "4096", "parallel.zero_stage": "1", "train.compile": str(compiled)}
+        # compilation makes the first steps slow; they must not reach the median
+        steps = [1.0] * WARMUP_STEPS_SKIPPED + [speed] * 5
+        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()],
+                         metrics=[Metric("tokens_per_s", v, 0, i) for i, v in enumerate(steps)]
+                         + [Metric("loss", 5.0, 0, i) for i in range(len(steps))])
+        client.set_terminated(run.info.run_id)
+    rows = table(store, "bench").splitlines()[2:]
+    assert len(rows) == 2
+    assert "ZeRO 1 |" in rows[0] and "| 100 |" in rows[0]
+    assert "ZeRO 1, compiled |" in rows[1] and "| 160 |" in rows[1]

@@ -23,7 +23,7 @@ import tempfile
 # Opcodes kept with their first modifier (the unit or shape matters); the rest by base name.
 _KEEP_MODIFIER = {"MUFU", "HGMMA", "IGMMA", "SHFL", "LDS", "LDSM", "STS", "LDGSTS", "I2F", "F2I", "F2FP", "I2IP"}
 # Dots per score element: (INT8 dots, 16-bit dots), each HEAD_DIM MACs per element.
-DOTS_PER_ELEMENT = {"forward": (2, 0), "dq": (2, 1), "dkdv": (3, 1), "dv": (2, 0), "dk": (2, 1)}
+DOTS_PER_ELEMENT = {"forward": (2, 0), "dq": (2, 1), "dkdv": (3, 1), "dv": (2, 0), "dk": (2, 1), "fused": (4, 1)}
 
 
 def disassemble(cubin: bytes) -> str:
@@ -62,13 +62,17 @@ def instructions_and_loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]
     return instructions, loops
 
 
+def _nests_a_loop(span: tuple[int, int], loops: list[tuple[int, int]]) -> bool:
+    """Whether a sizeable loop (64+ instructions) lies inside span: a warp-specialised kernel's
+    dispatch loop, say, around its partitions' loops (mbarrier retry loops are a few instructions)."""
+    return any(other != span and span[0] <= other[0] and other[1] <= span[1] and other[1] - other[0] >= 64
+               for other in loops)
+
+
 def main_loop(loops: list[tuple[int, int]]) -> tuple[int, int]:
     """The largest loop with no sizeable loop inside it. A warp-specialised kernel wraps its
     partitions in a dispatch loop around everything; mbarrier retry loops are a few instructions."""
-    def nests_a_loop(span):
-        return any(other != span and span[0] <= other[0] and other[1] <= span[1] and other[1] - other[0] >= 64
-                   for other in loops)
-    return max((span for span in loops if not nests_a_loop(span)), key=lambda span: span[1] - span[0])
+    return max((span for span in loops if not _nests_a_loop(span, loops)), key=lambda span: span[1] - span[0])
 
 
 def opcode(text: str) -> str:
@@ -78,13 +82,16 @@ def opcode(text: str) -> str:
 
 
 def local_memory_in_loops(sass: str) -> int:
-    """Local-memory instructions (LDL, STL: spill traffic) inside any loop of the kernel. Spills
-    outside the loops cost little; inside, every trip reloads (v27's causal d=128 dK pass: 26
-    per trip, ncu's long scoreboard 1.26 cycles per instruction)."""
+    """Local-memory instructions (LDL, STL: spill traffic) inside the kernel's innermost loops.
+    Spills outside them cost little; inside, every trip reloads (v27's causal d=128 dK pass: 26
+    per trip, ncu's long scoreboard 1.26 cycles per instruction). A warp-specialised kernel's
+    dispatch loop, which wraps whole partitions (code that runs once per program too), is not
+    counted."""
     instructions, loops = instructions_and_loops(sass)
     inside = set()
     for first, last in loops:
-        inside.update(range(first, last + 1))
+        if not _nests_a_loop((first, last), loops):
+            inside.update(range(first, last + 1))
     return sum(1 for i in inside if opcode(instructions[i]) in ("LDL", "STL"))
 
 
@@ -96,8 +103,9 @@ def elements_per_iteration(kernel: str, constexprs: dict) -> int:
         return constexprs["Q_ROWS"] * 2 * constexprs["KV_ROWS"]
     if kernel == "dq":
         return constexprs["BLOCK_M"] * constexprs["BLOCK_N"]
-    if kernel in ("dkdv", "dv", "dk") and "SLICE" in constexprs:
-        # the Gluon dK/dV: a trip is a q block (two slices) on one warpgroup's kv tile (a slice tall)
+    if kernel in ("dkdv", "dv", "dk", "fused") and "SLICE" in constexprs:
+        # the Gluon dK/dV (and the fused backward, fused_hopper): a trip is a q block (two slices) on
+        # one warpgroup's kv tile (a slice tall)
         return constexprs.get("KV_BLOCK", constexprs["SLICE"]) * constexprs.get("Q_BLOCK", 2 * constexprs["SLICE"])
     if kernel in ("dkdv", "dv", "dk"):   # BLOCK_N kv rows; a trip is a q slice, or a q block when chained
         step = constexprs["Q_BLOCK"] if constexprs.get("CHAIN") else constexprs["BLOCK_M"]

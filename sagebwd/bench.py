@@ -303,6 +303,10 @@ def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv
 
     _poison_allocator(4096)
     outs = run()
+    from .triton.backward import fused_applies
+    # the fused backward adds dQ with atomics: its dQ may differ in the last bits from run to run
+    fused = fused_applies(q.device, head_dim=shape[-1], block_q=block_q, block_kv=block_kv, smooth_q=smooth_q,
+                          seq=shape[2])
     written = all(bool(torch.isfinite(t).all()) for t in outs)
     identical, rerun_diff = True, [0.0] * 4   # largest rel L2 between reruns, per output
     for _ in range(reruns):
@@ -316,7 +320,11 @@ def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv
     return {"shape": list(shape), "dtype": str(dtype).split(".")[-1], "causal": causal, "smooth_q": smooth_q,
             "blocks": [block_q, block_kv], "rel_l2_vs_sim": errs, "all_written": written,
             f"identical_over_{reruns}_reruns": identical,
-            "rerun_rel_l2": dict(zip(("o", "dq", "dk", "dv"), rerun_diff))}
+            "rerun_rel_l2": dict(zip(("o", "dq", "dk", "dv"), rerun_diff)), "fused_backward": fused,
+            # reproducible: every output bit-identical over the reruns, except (fused backward) dQ,
+            # whose atomics' order may move its last bits: within DQ_RERUN_TOLERANCE
+            "reproducible": all(d == 0.0 or (name == "dq" and fused and d <= DQ_RERUN_TOLERANCE)
+                                for name, d in zip(("o", "dq", "dk", "dv"), rerun_diff))}
 
 
 def sigma_case(sigma: float, causal: bool, seq=1024, head_dim=64, heads=4) -> dict:
@@ -343,6 +351,9 @@ def sigma_case(sigma: float, causal: bool, seq=1024, head_dim=64, heads=4) -> di
 
 
 TOLERANCE = {"bfloat16": 5e-3, "float16": 2e-3}
+# The fused backward's dQ between reruns (rel. L2): its fp32 atomics add in any order, and the cast
+# to 16 bits can then round an element the other way (one ulp: ~4e-3 relative in bf16, ~5e-4 in fp16).
+DQ_RERUN_TOLERANCE = 1e-4
 
 
 def fp32_gap(shape, dtype, causal: bool) -> dict:
@@ -422,14 +433,15 @@ def check_correctness(quick: bool) -> dict:
     for case in cases + extra:
         r = check_case(*case[:4], *case[4:])
         tol = TOLERANCE[r["dtype"]]
-        r["pass"] = (r["all_written"] and r["identical_over_50_reruns"]
+        r["pass"] = (r["all_written"] and r["reproducible"]
                      and all(e <= tol for e in r["rel_l2_vs_sim"].values()))
         ok &= r["pass"]
         results.append(r)
         errs = " ".join(f"{k} {e:.2e}" for k, e in r["rel_l2_vs_sim"].items())
         print(f"check {tuple(r['shape'])} {r['dtype']} causal={r['causal']} smooth_q={r['smooth_q']} "
               f"blocks={r['blocks']}: {errs} written={r['all_written']} "
-              f"deterministic={r['identical_over_50_reruns']} -> {'PASS' if r['pass'] else 'FAIL'}", flush=True)
+              f"deterministic={r['identical_over_50_reruns']} fused={r['fused_backward']} "
+              f"rerun dQ {r['rerun_rel_l2']['dq']:.1e} -> {'PASS' if r['pass'] else 'FAIL'}", flush=True)
         torch.cuda.empty_cache()
     sigmas = [] if quick else [sigma_case(s, c) for s in (1.0, 5.0) for c in (True, False)]
     for s in sigmas:
@@ -591,7 +603,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel-masks", nargs="+", choices=["causal", "full"], default=["causal"],
                     help="with --kernel-times: the masks to time (default causal)")
     ap.add_argument("--gluon", default=None, metavar="KERNELS",
-                    help="kernels to run in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, or "
+                    help="kernels to run in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, fused, or "
                          "all / none / default (dK/dV and dQ); without it, SAGEBWD_GLUON, else default")
     ap.add_argument("--model-layout", action="store_true",
                     help="causal fwd+bwd in the model's layout (q, k, v views of one qkv projection), "

@@ -206,3 +206,39 @@ def test_dq_add_bench_builds_its_atomics_and_tma_reductions(mode):
         assert "red.global" in ptx or "atom.global" in ptx
     else:
         assert "cp.reduce.async.bulk.tensor" in ptx
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_backward_builds_for_hopper(causal):
+    """The opt-in one-kernel backward (fused_hopper, d=64) builds for sm_90: INT8 dots on wgmma, dS^
+    transposed into shared memory by stmatrix (STSM: the byte pairs of 'pair order'), a shared
+    memory footprint an H100/H200 takes, and no spill traffic inside its main loop (the causal
+    build took 24 spill loads and stores per trip while its diagonal block ran before the loop)."""
+    import re
+    from sagebwd.triton import sass_mix
+    launches = {name: (kernel, args, kwargs) for name, kernel, args, kwargs in offline.record_launches(
+        (1, 2, 1024, 64), causal=causal, gluon=("dkdv", "dq", "fused"))}
+    assert "fused" in launches and "dq" not in launches and "dkdv" not in launches
+    kernel, args, kwargs = launches["fused"]
+    row = offline.compile_launch("fused", kernel, args, kwargs)
+    print({k: row[k] for k in ("regs", "spill_bytes", "shared", "wgmma_s8", "wgmma_16bit")})
+    assert row["wgmma_s8"] > 0 and row["wgmma_16bit"] > 0 and row["mma_sync"] == 0
+    assert row["shared"] <= HOPPER_SHARED_BYTES
+    sass = sass_mix.disassemble(offline.compile_recorded(kernel, args, kwargs).asm["cubin"])
+    instructions, loops = sass_mix.instructions_and_loops(sass)
+    first, last = sass_mix.main_loop(loops)
+    body = [sass_mix.opcode(t) for t in instructions[first:last + 1]]
+    assert any(op.startswith("STSM") for op in body), "the transposed dS^ store is not stmatrix"
+    assert "REDG" in body, "dQ is not added by reductions"
+    assert not {"LDL", "STL"} & set(body), f"{body.count('LDL')} LDL, {body.count('STL')} STL in the main loop"
+
+
+def test_pair_order_from_k_order():
+    """The fused backward's K^T: quantize.py writes k order, the kernel reads pair order."""
+    import torch
+    from sagebwd.triton._common import k_order_index
+    from sagebwd.triton.fused_hopper import pair_order_from_k_order, pair_order_index
+    assert pair_order_index(16).tolist() == [0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15]
+    x = torch.arange(2 * 3 * 4 * 64).reshape(2, 3, 4, 64)
+    k_ordered = x[..., k_order_index(64)]
+    assert torch.equal(pair_order_from_k_order(k_ordered), x[..., pair_order_index(64)])

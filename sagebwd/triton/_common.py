@@ -94,8 +94,9 @@ def launch_settings(name: str, default: dict) -> dict:
 # Kernels with a Gluon (Hopper) version, and those that run by default: dK/dV and dQ are
 # bit-identical to the Triton kernels and faster on an H200 (dK/dV 8-24% at d=64 and d=128, dQ
 # 8-14% at d=128; at d=64 the Triton dQ runs); the forward is not faster overall
-# (docs/kernel-notes.md, v14-v19).
-GLUON_KERNELS = ("forward", "dkdv", "dq")
+# (docs/kernel-notes.md, v14-v19). "fused" is the one-kernel backward at d=64 (fused_hopper:
+# dQ added with atomics, so not bit-reproducible run to run).
+GLUON_KERNELS = ("forward", "dkdv", "dq", "fused")
 GLUON_DEFAULT = ("dkdv", "dq")
 
 

@@ -34,7 +34,7 @@ import triton.language as tl
 from ._common import (DS_SPAN, LAUNCH_OVERRIDES, LOG2E, empty_in_layout_of, gluon_kernels, int_to_float,
                       interpreting, launch, launch_settings, round_scaled_to_int8, saturated_ds_to_int8,
                       tile_scales, to_k_order)
-from . import dkdv_hopper, dq_hopper
+from . import dkdv_hopper, dq_hopper, fused_hopper
 from .forward import smooth_q_bias
 
 # What one dK/dV launch computes (the PASS constexpr).
@@ -370,6 +370,23 @@ def _dq_launch(block_q: int, block_kv: int, d: int) -> dict:
     return launch
 
 
+def fused_applies(device, *, head_dim: int, block_q: int, block_kv: int, smooth_q: bool, seq: int) -> bool:
+    """Whether a backward runs as fused_hopper's one kernel ("fused" chosen among the Gluon kernels,
+    on sm_90, at a shape it covers)."""
+    return "fused" in gluon_kernels(device) and fused_hopper.supports(
+        head_dim=head_dim, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q, seq=seq)
+
+
+def _fused_backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, *, causal: bool):
+    """dQ, dK, dV from fused_hopper's one kernel: dQ is added into an fp32 buffer, then cast into dq."""
+    dqa = torch.zeros(q8.shape, device=q8.device, dtype=torch.float32)
+    grid, args, kwargs = fused_hopper.launch_args(q8, q8t, s_q, k8, fused_hopper.pair_order_from_k_order(k8t), s_k,
+                                                  v, do, do8t, s_do, lse2, delta, dk, dv, dqa, causal=causal)
+    launch("fused", fused_hopper._fused_kernel, grid, *args, **kwargs)
+    dq.copy_(dqa)
+    return dq, dk, dv
+
+
 def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, causal: bool,
              smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None,
              layout_of=None):
@@ -380,6 +397,8 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
     dq = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype or v.dtype)
     dk = torch.empty_like(dq)
     dv = torch.empty_like(dq)
+    if fused_applies(q8.device, head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=mu_q is not None, seq=n):
+        return _fused_backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, causal=causal)
     # (p_scale, p_inv, ds_scale, ds_inv) per tile, kv-major: a dK/dV program's are contiguous. Zeros:
     # causal dK/dV slices may touch tiles wholly above the diagonal, which the dQ kernel skips;
     # zero scales make them contribute 0.

@@ -147,7 +147,7 @@ def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64
     return rows
 
 
-LOOP_KERNELS = ("forward", "dq", "dkdv", "dv", "dk")
+LOOP_KERNELS = ("forward", "dq", "dkdv", "dv", "dk", "fused")
 BENCH_SHAPES = {64: (8, 16, 4096, 64), 128: (8, 8, 4096, 128)}   # the causal targets
 
 
@@ -215,8 +215,8 @@ def main(argv=None) -> int:
                     help="SASS instructions per score element of each main loop, and the floors they set")
     ap.add_argument("--measured", help="with --loop-mix: a sagebwd.bench --kernel-times JSON for efficiency")
     ap.add_argument("--gluon", default=None, metavar="KERNELS",
-                    help="kernels to build in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, or "
-                         "all / none / default (the default: what a Hopper GPU runs)")
+                    help="kernels to build in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, "
+                         "fused, or all / none / default (the default: what a Hopper GPU runs)")
     args = ap.parse_args(argv)
     from ._common import parse_gluon
     gluon = None

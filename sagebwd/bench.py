@@ -603,8 +603,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel-masks", nargs="+", choices=["causal", "full"], default=["causal"],
                     help="with --kernel-times: the masks to time (default causal)")
     ap.add_argument("--gluon", default=None, metavar="KERNELS",
-                    help="kernels to run in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, fused, or "
-                         "all / none / default (dK/dV and dQ); without it, SAGEBWD_GLUON, else default")
+                    help="kernels to run in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, fused, "
+                         "where all and default (dK/dV and dQ) stand for their sets (default,fused), or none; "
+                         "without it, SAGEBWD_GLUON, else default")
     ap.add_argument("--model-layout", action="store_true",
                     help="causal fwd+bwd in the model's layout (q, k, v views of one qkv projection), "
                          "its reshapes included, vs SDPA FLASH and CUDNN")

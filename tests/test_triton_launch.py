@@ -55,9 +55,12 @@ def test_gluon_selection_is_validated_and_never_leaves_sm90(monkeypatch):
     assert _common.parse_gluon(" Forward , dkdv ", "x") == ("forward", "dkdv")
     assert _common.parse_gluon("none", "x") == ()
     assert _common.parse_gluon("default", "x") == _common.GLUON_DEFAULT == ("dkdv", "dq")
+    assert _common.parse_gluon("default,fused", "x") == ("dkdv", "dq", "fused")   # a set plus one
+    assert _common.parse_gluon("dq,default", "x") == ("dq", "dkdv")
     monkeypatch.setenv("SAGEBWD_GLUON", "forward,dkvd")
     with pytest.raises(ValueError, match=r"SAGEBWD_GLUON='forward,dkvd': unknown kernel\(s\) \['dkvd'\]; "
-                                         r"use a comma list of forward, dkdv, dq, or 'all' / 'none' / 'default'"):
+                                         r"use a comma list of forward, dkdv, dq, fused \(where 'all' and "
+                                         r"'default' stand for their sets\), or 'none'"):
         _common.gluon_kernels(torch.device("cpu"))
     monkeypatch.setenv("SAGEBWD_GLUON", "all")
     assert _common.gluon_kernels(torch.device("cpu")) == frozenset()

@@ -101,15 +101,23 @@ GLUON_DEFAULT = ("dkdv", "dq")
 
 
 def parse_gluon(text: str, source: str) -> tuple:
-    """The kernel names of a SAGEBWD_GLUON / --gluon value, or a ValueError that says what is accepted."""
+    """The kernel names of a SAGEBWD_GLUON / --gluon value, or a ValueError that says what is accepted.
+    A comma list of kernel names, in which 'all' and 'default' stand for their sets ("default,fused"),
+    or 'none'."""
     text = text.strip().lower()
-    chosen = {"all": GLUON_KERNELS, "none": (), "default": GLUON_DEFAULT}.get(
-        text, tuple(t.strip() for t in text.split(",")))
+    if text == "none":
+        return ()
+    groups = {"all": GLUON_KERNELS, "default": GLUON_DEFAULT}
+    chosen = []
+    for name in (t.strip() for t in text.split(",")):
+        for kernel in groups.get(name, (name,)):
+            if kernel not in chosen:
+                chosen.append(kernel)
     unknown = set(chosen) - set(GLUON_KERNELS)
     if unknown:
-        raise ValueError(f"{source}={text!r}: unknown kernel(s) {sorted(unknown)}; "
-                         f"use a comma list of {', '.join(GLUON_KERNELS)}, or 'all' / 'none' / 'default'")
-    return chosen
+        raise ValueError(f"{source}={text!r}: unknown kernel(s) {sorted(unknown)}; use a comma list of "
+                         f"{', '.join(GLUON_KERNELS)} (where 'all' and 'default' stand for their sets), or 'none'")
+    return tuple(chosen)
 
 
 def gluon_kernels(device) -> frozenset:

@@ -1,6 +1,6 @@
 """The whole d=64 backward in one warp-specialised Gluon kernel for Hopper: dK, dV and dQ from
 one computation of S, P, dP and dS per score element (the paper's Algorithm 2 as written).
-Opt-in ("fused" in SAGEBWD_GLUON or bench --gluon): correct, but slower than the default
+Opt-in (SAGEBWD_GLUON=default,fused, or bench --gluon default,fused): correct, but slower than the default
 two-kernel backward on an H100 (measured below), and its dQ is not bit-reproducible.
 
 The default backward (backward.py's dQ kernel, then dkdv_ws_hopper) computes S, P, dP and dS

@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     ap.add_argument("--measured", help="with --loop-mix: a sagebwd.bench --kernel-times JSON for efficiency")
     ap.add_argument("--gluon", default=None, metavar="KERNELS",
                     help="kernels to build in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, "
-                         "fused, or all / none / default (the default: what a Hopper GPU runs)")
+                         "fused, where all and default (what a Hopper GPU runs) stand for their sets, or none")
     args = ap.parse_args(argv)
     from ._common import parse_gluon
     gluon = None

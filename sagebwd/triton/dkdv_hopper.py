@@ -81,6 +81,16 @@ SCALE_CHUNK = gl.constexpr(32)
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier   # (Triton 3.6: thread_barrier)
 
 
+@gluon.constexpr_function
+def kv_tile_layouts(SLICE, HEAD_DIM):
+    """The wgmma layouts of one warpgroup's kv tile (SLICE rows): S^T (INT8 dot), dP^T (16-bit dot),
+    the dV/dK accumulators, and P^/dS^ as the A operand of the INT8 dots."""
+    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 32])
+    return (gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SLICE, 32]),
+            gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SLICE, 16]),
+            acc, gl.DotOperandLayout(operand_index=0, parent=acc, k_width=4))
+
+
 @gluon.jit
 def _seq_copy(desc, vb, vh, row0, row, bar, dest):
     """TMA of v or dO rows row.. of head (vb, vh): a 2-D (B*H*N, D) descriptor, whose head starts at
@@ -410,13 +420,10 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
     # _stage_scales: [SCALE_CHUNK, 8] records, 2 per thread; _staged_scales: a whole record per thread
     stage_layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0])
     rec_layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, SLICE, 32])
-    dp_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, SLICE, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 32])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=4)
+    s_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[0]
+    dp_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[1]
+    acc_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[2]
+    op_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[3]
 
     k_scale = gl.load(SK_tile)
     _stage_scales(sc_smem, first, NQ, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)

@@ -37,6 +37,40 @@ PRODUCER_REGS = 24
 
 
 @gluon.jit
+def kv_program(N, H, HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr):
+    """Where a program of 2 SLICE kv rows works (the warp-specialised dK/dV and the fused backward):
+    (pid, bh, start_n, q_row0, vb, vh, t_row0, NQ, first, n_blocks), where vb, vh are the batch and
+    head of v, dO and the gradients, and the program walks q blocks first .. NQ - 1."""
+    pid = gl.program_id(0)   # kv rows 2 SLICE pid ..: tiles 2 pid and 2 pid + 1 (causal: the longest first)
+    bh = gl.program_id(1)
+    start_n = pid * 2 * SLICE
+    q_row0 = bh * N
+    vb = bh // H
+    vh = bh % H
+    t_row0 = bh * HEAD_DIM
+    NQ = N // (2 * SLICE)
+    if CAUSAL:
+        first = pid   # the q block holding the diagonal: these kv rows are one q block
+    else:
+        first = 0
+    return pid, bh, start_n, q_row0, vb, vh, t_row0, NQ, first, NQ - first
+
+
+@gluon.jit
+def ring_barriers(STAGES: gl.constexpr):
+    """The mbarriers of a two-consumer program: K^ (and V) landed; a ring entry (2 * STAGES: a q
+    block or its two slices) full, and empty once both consumers have arrived."""
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    full = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar.index(0), count=1)
+    for i in gl.static_range(2 * STAGES):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)   # one arrive per consumer
+    return kv_bar, full, empty
+
+
+@gluon.jit
 def _producer(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem,
               do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar, full, empty, q_row0, t_row0, vb, vh, start_n,
               first, n_blocks, STAGES: gl.constexpr, SLICE: gl.constexpr, PASS: gl.constexpr,
@@ -79,19 +113,7 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
                     HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                     PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
-    pid = gl.program_id(0)   # kv rows 2 SLICE pid ..: tiles 2 pid and 2 pid + 1 (causal: the longest first)
-    bh = gl.program_id(1)
-    start_n = pid * 2 * SLICE
-    q_row0 = bh * N
-    vb = bh // H   # the batch and head coordinates of v, dO and the gradients
-    vh = bh % H
-    t_row0 = bh * HEAD_DIM
-    NQ = N // (2 * SLICE)
-    if CAUSAL:
-        first = pid   # the q block holding the diagonal: these kv rows are one q block
-    else:
-        first = 0
-    n_blocks = NQ - first
+    pid, bh, start_n, q_row0, vb, vh, t_row0, NQ, first, n_blocks = kv_program(N, H, HEAD_DIM, SLICE, CAUSAL)
 
     # both tiles' K^ and V, and the ring: whole q blocks (BLOCKED: STAGES entries) or slices (2 * STAGES)
     k_smem, v_smem, v_rows, q_smem, lse_smem, do_smem, qt_smem, dot_smem, delta_smem = _allocate(
@@ -100,13 +122,7 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
     unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     sc0 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
     sc1 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    full = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar.index(0), count=1)
-    for i in gl.static_range(2 * STAGES):
-        mbarrier.init(full.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)   # one arrive per consumer
+    kv_bar, full, empty = ring_barriers(STAGES)
 
     if PASS != DV_ONLY:
         v_0 = v_rows.slice(0, SLICE)

@@ -49,7 +49,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 
 from .dkdv_hopper import (BOTH, _allocate, _cols, _desc, _int8_bits, _load_block, _release, _rows, _seq_copy,
-                          _slice_probs, _slice_vector, as_a_operand, seq_desc)
+                          _slice_probs, _slice_vector, as_a_operand, kv_tile_layouts, seq_desc)
+from .dkdv_ws_hopper import kv_program, ring_barriers
 from .dq_hopper import _block_scales
 
 SLICE = 64            # kv rows per consumer = block_kv; q rows per slice (a q block is two)
@@ -221,13 +222,10 @@ def _consumer(TILE: gl.constexpr, k_tile, v_tile, kt_tile, q_smem, do_smem, qt_s
     """dK, dV of kv tile TILE (SLICE rows from start_n) and its dQ contributions, on one warpgroup.
     Causal: the diagonal block runs last, masked on both slices (in tile 1 slice a is wholly masked:
     P = 0 adds nothing); the loop runs unmasked."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, SLICE, 32])
-    dp_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, SLICE, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 32])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=4)
+    s_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[0]
+    dp_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[1]
+    acc_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[2]
+    op_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[3]
     all_layout: gl.constexpr = gl.BlockedLayout([4, 2], [32, 1], [4, 1], [1, 0])   # whole [warps, 2] per thread
 
     k_scale = gl.load(SK_tile)
@@ -267,19 +265,7 @@ def _fused_kernel(k_desc, v_desc, kt_desc, q_desc, do_desc, qt_desc, dot_desc, l
                   SQ, SK, SDO, DK, DV, DQA, stride_gb, stride_gh, stride_gn, sm_scale, N, H,
                   HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
-    pid = gl.program_id(0)   # kv rows 2 SLICE pid ..: tiles 2 pid and 2 pid + 1 (causal: the longest first)
-    bh = gl.program_id(1)
-    start_n = pid * 2 * SLICE
-    q_row0 = bh * N
-    vb = bh // H   # the batch and head coordinates of v, dO and the gradients
-    vh = bh % H
-    t_row0 = bh * HEAD_DIM
-    NQ = N // (2 * SLICE)
-    if CAUSAL:
-        first = pid   # the q block holding the diagonal: these kv rows are one q block
-    else:
-        first = 0
-    n_blocks = NQ - first
+    pid, bh, start_n, q_row0, vb, vh, t_row0, NQ, first, n_blocks = kv_program(N, H, HEAD_DIM, SLICE, CAUSAL)
 
     k_smem, v_smem, v_rows, q_smem, lse_smem, do_smem, qt_smem, dot_smem, delta_smem = _allocate(
         k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, 2 * SLICE, HEAD_DIM, STAGES, BOTH,
@@ -291,13 +277,7 @@ def _fused_kernel(k_desc, v_desc, kt_desc, q_desc, do_desc, qt_desc, dot_desc, l
     x_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     xbuf0 = gl.allocate_shared_memory(gl.float32, [4, 2], x_layout)
     xbuf1 = gl.allocate_shared_memory(gl.float32, [4, 2], x_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    full = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar.index(0), count=1)
-    for i in gl.static_range(2 * STAGES):
-        mbarrier.init(full.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)   # one arrive per consumer
+    kv_bar, full, empty = ring_barriers(STAGES)
 
     NKV = N // SLICE
     SQ_bh = SQ + bh * NQ

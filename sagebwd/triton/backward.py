@@ -22,6 +22,11 @@ last-bit difference (tensor-core summation order of dP in the two orientations) 
 an INT8 value. No atomics: every
 output element is written by one program in a fixed order, so reruns are bit-identical.
 Extra memory: 4 fp32 per (q block, kv tile), N^2 / (block_q * block_kv) * 16 bytes per head.
+
+TOKEN (the "token" contract) needs no tile scales, so the two kernels do not depend on each
+other: the dQ kernel quantises X = dS * s_K with one scale per q row of each tile (a row max),
+the dK/dV kernel P^T and Y^T = dS^T * s_Q with one scale per kv row of each q block (one slice
+per q block, so a row max there too). S's scale is a row vector times a column vector.
 """
 from __future__ import annotations
 
@@ -61,15 +66,21 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
               K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
               stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
-              SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr):
+              SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr, TOKEN: tl.constexpr):
+    """q_scale: the q block's scale, or with TOKEN its rows' (a vector)."""
     offs_d = tl.arange(0, HEAD_DIM)
     slot = tl.arange(0, 4)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         j = start_n // BLOCK_N
-        k_scale = tl.load(SK_bh + j)
         k8 = tl.load(K8_bh + offs_n[:, None] * HEAD_DIM + offs_d[None, :])
-        s = int_to_float(tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)) * ((q_scale * k_scale) * qk_const)
+        if TOKEN:
+            k_scale = tl.load(SK_bh + offs_n)
+            s = (int_to_float(tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)) * k_scale[None, :]
+                 * (q_scale * qk_const)[:, None])
+        else:
+            k_scale = tl.load(SK_bh + j)
+            s = int_to_float(tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)) * ((q_scale * k_scale) * qk_const)
         if SMOOTH_Q:
             bias = smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kfn, stride_kfd, SMOOTH_K)
             s += (bias * qk_const)[None, :]
@@ -79,18 +90,25 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
         v = tl.load(V_bh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
         dp = _dot16(do, tl.trans(v), DOT_F32)
         ds = p * (dp - delta[:, None])
-        # Both tile maxima in one cross-warp reduction. P >= 0 orders like its bits as integers,
-        # whose max takes two elements per instruction (VIMNMX3; FMNMX takes one).
-        p_bits, ds_amax = tl.reduce((tl.max(p.to(tl.int32, bitcast=True), axis=1), tl.max(tl.abs(ds), axis=1)), 0,
-                                    _max_pair)
-        p_amax = p_bits.to(tl.float32, bitcast=True)
-        p_scale, p_inv = tile_scales(p_amax, HEAD_DIM > 64)   # as dq_hopper's (bit-identical)
-        ds_scale, ds_inv = tile_scales(ds_amax, HEAD_DIM > 64)
-        tl.store(TS_q + j * TS_step + slot,
-                 tl.where(slot == 0, p_scale, tl.where(slot == 1, p_inv, tl.where(slot == 2, ds_scale, ds_inv))))
-        ds8 = to_k_order(round_scaled_to_int8(ds, ds_inv))   # own amax: in range; K^T in k order
+        if TOKEN:   # X = dS s_K, one scale per row: K^'s scale runs along this product's sum
+            x = ds * k_scale[None, :]
+            x_scale, x_inv = tile_scales(tl.max(tl.abs(x), axis=1), False)
+            ds8 = to_k_order(round_scaled_to_int8(x, x_inv[:, None]))
+            dq_scale = x_scale[:, None]
+        else:
+            # Both tile maxima in one cross-warp reduction. P >= 0 orders like its bits as integers,
+            # whose max takes two elements per instruction (VIMNMX3; FMNMX takes one).
+            p_bits, ds_amax = tl.reduce((tl.max(p.to(tl.int32, bitcast=True), axis=1),
+                                         tl.max(tl.abs(ds), axis=1)), 0, _max_pair)
+            p_amax = p_bits.to(tl.float32, bitcast=True)
+            p_scale, p_inv = tile_scales(p_amax, HEAD_DIM > 64)   # as dq_hopper's (bit-identical)
+            ds_scale, ds_inv = tile_scales(ds_amax, HEAD_DIM > 64)
+            tl.store(TS_q + j * TS_step + slot,
+                     tl.where(slot == 0, p_scale, tl.where(slot == 1, p_inv, tl.where(slot == 2, ds_scale, ds_inv))))
+            ds8 = to_k_order(round_scaled_to_int8(ds, ds_inv))   # own amax: in range; K^T in k order
+            dq_scale = ds_scale * k_scale
         k8_cols = tl.trans(tl.load(K8T_bh + offs_d[:, None] * N + offs_n[None, :]))
-        dq += int_to_float(tl.dot(ds8, k8_cols, out_dtype=tl.int32)) * (ds_scale * k_scale)
+        dq += int_to_float(tl.dot(ds8, k8_cols, out_dtype=tl.int32)) * dq_scale
     return dq
 
 
@@ -103,7 +121,7 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
                sm_scale, H, N,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr,
-               DOT_F32: tl.constexpr):
+               DOT_F32: tl.constexpr, TOKEN: tl.constexpr):
     """BLOCK_M = block_q, BLOCK_N = block_kv: each iteration is exactly one quantisation tile."""
     # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -115,13 +133,17 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
     offs_d = tl.arange(0, HEAD_DIM)
     seq_base = bh.to(tl.int64) * N * HEAD_DIM
     q8 = tl.load(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
-    q_scale = tl.load(SQ + bh * (N // BLOCK_M) + pid_m)
+    if TOKEN:
+        q_scale = tl.load(SQ + bh * N + offs_m)
+        SK_bh = SK + bh * N
+    else:
+        q_scale = tl.load(SQ + bh * (N // BLOCK_M) + pid_m)
+        SK_bh = SK + bh * (N // BLOCK_N)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
     lse = tl.load(LSE2 + bh * N + offs_m)
     delta = tl.load(DELTA + bh * N + offs_m)
     K8_bh = K8 + seq_base
     K8T_bh = K8T + seq_base
-    SK_bh = SK + bh * (N // BLOCK_N)
     V_bh = V + b * stride_vb + h * stride_vh
     KF_bh = KF + b * stride_kfb + h * stride_kfh
     KMEAN_bh = KMEAN + bh * HEAD_DIM
@@ -138,16 +160,16 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
         dq = _dq_tiles(dq, q8, do, lse, delta, offs_m, 0, diag_lo, q_scale,
                        K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
-                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32)
+                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32, TOKEN)
         dq = _dq_tiles(dq, q8, do, lse, delta, offs_m, diag_lo, diag_hi, q_scale,
                        K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
-                       BLOCK_N, HEAD_DIM, True, SMOOTH_Q, SMOOTH_K, DOT_F32)
+                       BLOCK_N, HEAD_DIM, True, SMOOTH_Q, SMOOTH_K, DOT_F32, TOKEN)
     else:
         dq = _dq_tiles(dq, q8, do, lse, delta, offs_m, 0, N, q_scale,
                        K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
-                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32)
+                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32, TOKEN)
     tl.store(DQ + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gn + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty))
 
@@ -158,7 +180,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                 stride_don, stride_dod, qk_const, N,
                 BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
                 SPLIT_D: tl.constexpr, CHAIN: tl.constexpr, MASKED: tl.constexpr, SMOOTH_Q: tl.constexpr,
-                DOT_F32: tl.constexpr, PASS: tl.constexpr):
+                DOT_F32: tl.constexpr, PASS: tl.constexpr, TOKEN: tl.constexpr):
     """Loop over the q blocks in [lo, hi), each in Q_BLOCK / BLOCK_M slices.
 
     PASS: BOTH computes dK and dV; DV_ONLY / DK_ONLY one of them (two launches that each
@@ -171,7 +193,11 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
     accumulates the slices of a block in int32 on the tensor cores and converts once per block.
     SPLIT_D = 2 keeps dK, dV as column halves (_a, _b), so that the int32 temporary of a dot is
     half as large beside two 128 x 128 fp32 accumulators.
+
+    TOKEN: k_scale and the q scales are per token; P^T and Y^T = dS^T s_Q get one scale per kv
+    row of each q block, measured here (a row max), so a slice is a whole q block (no CHAIN).
     """
+    tl.static_assert(not (TOKEN and (CHAIN or BLOCK_M != Q_BLOCK)), "TOKEN takes whole q blocks per slice")
     DH: tl.constexpr = HEAD_DIM // SPLIT_D
     # CHAIN: one iteration per q block, its slices unrolled; else one iteration per slice
     # (unrolling then only deepens the software pipeline's shared-memory stages).
@@ -180,13 +206,17 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
     offs_h = tl.arange(0, DH)
     for start_i in range(lo, hi, STEP):
         i = start_i // Q_BLOCK            # the q quantisation block
-        q_scale = tl.load(SQ_bh + i)
-        ts = TS_cols + i * 4
-        dv_scale = (tl.load(ts) * tl.load(SDO_bh + i))[:, None]
-        p_inv = tl.load(ts + 1)[:, None]
-        dk_scale = (tl.load(ts + 2) * q_scale)[:, None]
-        ds_kq = (tl.load(ts + 3) * (1.0 / DS_SPAN))[:, None]   # see saturated_ds_to_int8
-        qk_scale = ((q_scale * k_scale) * qk_const)[:, None]
+        if TOKEN:
+            do_scale = tl.load(SDO_bh + i)
+            qk_scale = (k_scale * qk_const)[:, None]
+        else:
+            q_scale = tl.load(SQ_bh + i)
+            ts = TS_cols + i * 4
+            dv_scale = (tl.load(ts) * tl.load(SDO_bh + i))[:, None]
+            p_inv = tl.load(ts + 1)[:, None]
+            dk_scale = (tl.load(ts + 2) * q_scale)[:, None]
+            ds_kq = (tl.load(ts + 3) * (1.0 / DS_SPAN))[:, None]   # see saturated_ds_to_int8
+            qk_scale = ((q_scale * k_scale) * qk_const)[:, None]
         if SMOOTH_Q:
             mu = tl.load(MU_bh + i * HEAD_DIM + offs_d)
             bias = (tl.sum(ksm * mu[None, :], axis=1) * qk_const)[:, None]
@@ -199,6 +229,9 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             offs_m = start_i + sub * BLOCK_M + tl.arange(0, BLOCK_M)
             q8 = tl.load(Q8_bh + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
             s_t = int_to_float(tl.dot(k8, tl.trans(q8), out_dtype=tl.int32)) * qk_scale
+            if TOKEN:
+                q_scale = tl.load(SQ_bh + offs_m)[None, :]
+                s_t = s_t * q_scale
             if SMOOTH_Q:
                 s_t += bias
             p_t = tl.math.exp2(s_t - tl.load(LSE2_bh + offs_m)[None, :])
@@ -209,6 +242,10 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             # amax that would round past 127. dS saturates instead: dP's two orientations sum in
             # different orders, and where dP - delta cancels, that difference is all of dS.
             if PASS != DK_ONLY:
+                if TOKEN:
+                    p_scale, p_inv = tile_scales(tl.max(p_t, axis=1), False)
+                    p_inv = p_inv[:, None]
+                    dv_scale = (p_scale * do_scale)[:, None]
                 p8_t = to_k_order(round_scaled_to_int8(p_t, p_inv))
                 if CHAIN:
                     do8 = tl.trans(tl.load(DO8T_bh + offs_d[:, None] * N + offs_m[None, :]))
@@ -223,7 +260,13 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                 do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
                 dp_t = _dot16(v, tl.trans(do), DOT_F32)
                 delta = tl.load(DELTA_bh + offs_m)[None, :]
-                ds8_t = to_k_order(saturated_ds_to_int8(p_t, dp_t, delta * ds_kq, ds_kq))
+                if TOKEN:   # Y^T = dS^T s_Q, one scale per row: Q^'s scale runs along this product's sum
+                    y_t = p_t * (dp_t - delta) * q_scale
+                    y_scale, y_inv = tile_scales(tl.max(tl.abs(y_t), axis=1), False)
+                    ds8_t = to_k_order(round_scaled_to_int8(y_t, y_inv[:, None]))
+                    dk_scale = y_scale[:, None]
+                else:
+                    ds8_t = to_k_order(saturated_ds_to_int8(p_t, dp_t, delta * ds_kq, ds_kq))
                 if CHAIN:
                     q8_cols = tl.trans(tl.load(Q8T_bh + offs_d[:, None] * N + offs_m[None, :]))
                     dk_int = tl.dot(ds8_t, q8_cols, dk_int, out_dtype=tl.int32)
@@ -255,7 +298,8 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
                  sm_scale, H, N,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr,
                  HEAD_DIM: tl.constexpr, SPLIT_D: tl.constexpr, CHAIN: tl.constexpr, CAUSAL: tl.constexpr,
-                 SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr, PASS: tl.constexpr):
+                 SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr, PASS: tl.constexpr,
+                 TOKEN: tl.constexpr):
     """BLOCK_N kv rows (BLOCK_N / KV_BLOCK kv tiles) per program; q in BLOCK_M slices (BLOCK_M | Q_BLOCK).
     PASS: which of dK, dV this launch computes (BOTH, DV_ONLY, DK_ONLY)."""
     pid_n = tl.program_id(0)   # causal: kv block 0 sees the most queries and runs first
@@ -268,7 +312,12 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
     seq_base = bh.to(tl.int64) * N * HEAD_DIM
     k8 = tl.load(K8 + seq_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :])
     v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
-    k_scale = tl.load(SK + bh * (N // KV_BLOCK) + offs_n // KV_BLOCK)
+    if TOKEN:
+        k_scale = tl.load(SK + bh * N + offs_n)
+        SQ_bh = SQ + bh * N
+    else:
+        k_scale = tl.load(SK + bh * (N // KV_BLOCK) + offs_n // KV_BLOCK)
+        SQ_bh = SQ + bh * (N // Q_BLOCK)
     if SMOOTH_Q:
         ksm = tl.load(KF + b * stride_kfb + h * stride_kfh
                       + offs_n[:, None] * stride_kfn + offs_d[None, :] * stride_kfd).to(tl.float32)
@@ -278,7 +327,6 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
         ksm = 0.0
     Q8_bh = Q8 + seq_base
     Q8T_bh = Q8T + seq_base
-    SQ_bh = SQ + bh * (N // Q_BLOCK)
     DO_bh = DO + b * stride_dob + h * stride_doh
     DO8T_bh = DO8T + seq_base
     SDO_bh = SDO + bh * (N // Q_BLOCK)
@@ -305,18 +353,18 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, mask_hi,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
-            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, True, SMOOTH_Q, DOT_F32, PASS)
+            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, True, SMOOTH_Q, DOT_F32, PASS, TOKEN)
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, mask_hi, N,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
-            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS)
+            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS, TOKEN)
     else:
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, 0, N,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
-            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS)
+            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS, TOKEN)
     offs_h = tl.arange(0, DH)
     out = b * stride_gb + h * stride_gh + offs_n[:, None] * stride_gn + offs_h[None, :]
     if PASS != DV_ONLY:
@@ -329,25 +377,27 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
             tl.store(DV + out + DH, dv_b.to(DV.dtype.element_ty))
 
 
-def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int) -> tuple[int, int, int, bool, bool]:
+def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int,
+                token: bool = False) -> tuple[int, int, int, bool, bool]:
     """(BLOCK_N kv rows per program, BLOCK_M q rows per slice, SPLIT_D, CHAIN, SEPARATE) of the
     dK/dV kernel; SEPARATE runs dV and dK as two launches (PASS = DV_ONLY, then DK_ONLY).
 
     Rows come in warpgroups of 64 (wgmma M = 64), so no dot runs twice. Best of the H200 sweeps
     (docs/kernel-notes.md): a whole q block (up to 128 rows) per loop step, so each INT8 dot
     result is converted once per block; d=64 on one warpgroup of 64 kv rows, two programs per
-    SM; d=128 on two warpgroups of 128 kv rows, dV and dK as two launches.
+    SM; d=128 on two warpgroups of 128 kv rows, dV and dK as two launches. token: a slice is a
+    whole q block (its row maxima run over the block).
     """
     override = LAUNCH_OVERRIDES.get("dkdv_blocks", {})
     # d=64: 64 kv rows on one warpgroup, two programs per SM (v10 sweep: -2.4% bwd vs 128 rows)
     rows = override.get("rows", 64 if head_dim <= 64 else 128)
     rows = rows if rows % block_kv == 0 and n % rows == 0 else block_kv
     # whole q blocks (v13 sweep at d=64: -3.5% bwd against 64-row slices chained in int32)
-    cols = min(override.get("cols", 128), block_q)
+    cols = block_q if token else min(override.get("cols", 128), block_q)
     split = override.get("split_d", 2 if head_dim >= 128 and rows >= 128 else 1)
     # Slices of a larger q block share its scales: chain them in int32 on the tensor cores
     # (int32 accumulators beside the fp32 ones fit in registers only for head_dim 64).
-    chain = bool(override.get("chain", head_dim <= 64 and cols < block_q)) and split == 1
+    chain = bool(override.get("chain", head_dim <= 64 and cols < block_q)) and split == 1 and not token
     # d=128: dV and dK as two launches, each with half the accumulators: no spills (v11 sweep:
     # -11% bwd, though S and P are computed twice); at d=64 the second S/P costs more (+7-16%)
     separate = bool(override.get("separate", head_dim >= 128 and rows >= 128 and not chain))
@@ -389,28 +439,31 @@ def _fused_backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, 
 
 def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, causal: bool,
              smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None,
-             layout_of=None):
+             layout_of=None, token: bool = False):
     """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype), all three in layout_of's memory
     order (contiguous without it; _common.empty_in_layout_of). do and v may have any strides;
-    lse2 is the forward's LSE times log2(e) (backward_preprocess writes it)."""
+    lse2 is the forward's LSE times log2(e) (backward_preprocess writes it). token: the "token"
+    contract (s_q, s_k per token); its Triton kernels run on every GPU."""
     b, h, n, d = q8.shape
     dq = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype or v.dtype)
     dk = torch.empty_like(dq)
     dv = torch.empty_like(dq)
-    if fused_applies(q8.device, head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=mu_q is not None, seq=n):
+    if not token and fused_applies(q8.device, head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=mu_q is not None, seq=n):
         return _fused_backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, causal=causal)
     # (p_scale, p_inv, ds_scale, ds_inv) per tile, kv-major: a dK/dV program's are contiguous. Zeros:
     # causal dK/dV slices may touch tiles wholly above the diagonal, which the dQ kernel skips;
     # zero scales make them contribute 0.
-    tile_scales = torch.zeros(b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32)
+    tile_scales = (s_q if token else   # never read with TOKEN
+                   torch.zeros(b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32))
     smooth_q = mu_q is not None
     kf = k if smooth_q else v
     mu = mu_q if smooth_q else s_q
     k_mean = k_mean if (smooth_q and smooth_k) else s_q
     sm_scale = 1.0 / math.sqrt(d)
-    flags = dict(HEAD_DIM=d, CAUSAL=causal, SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, DOT_F32=interpreting())
+    flags = dict(HEAD_DIM=d, CAUSAL=causal, SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, DOT_F32=interpreting(),
+                 TOKEN=token)
     strides = (*v.stride(), *do.stride(), *kf.stride(), *dq.stride()[:3])   # dk, dv: dq's
-    gluon = gluon_kernels(q8.device)
+    gluon = frozenset() if token else gluon_kernels(q8.device)
     if "dq" in gluon and dq_hopper.supports(head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
         grid, args, kwargs = dq_hopper.launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales,
                                                    causal=causal)
@@ -427,7 +480,7 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
                 block_q=block_q):
             launch(name, kernel, grid, *args, **kwargs)
         return dq, dk, dv
-    rows, cols, split_d, chain, separate = dkdv_blocks(n, block_q, block_kv, d)
+    rows, cols, split_d, chain, separate = dkdv_blocks(n, block_q, block_kv, d, token)
     step = block_q if chain else cols
     # Per pass: (launch name, shared-memory bytes a pipeline stage loads for one loop step).
     # BOTH: Q^ in both layouts, dO^ and dO; DV_ONLY: Q^ and dO^; DK_ONLY: both Q^ and dO.

@@ -45,7 +45,7 @@ def record_launches(shape, dtype=torch.bfloat16, causal=True, smooth_q=False, bl
     if gluon is not None:
         _common.LAUNCH_OVERRIDES["gluon"] = tuple(gluon)
     try:
-        out = ops._forward_op(q, k, v, causal, True, smooth_q, block_q, block_kv, True)
+        out = ops._forward_op(q, k, v, causal, True, smooth_q, block_q, block_kv, False, True)
         o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = out
         ops._backward_op(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean,
                          causal, True, smooth_q, block_q, block_kv)

@@ -83,16 +83,30 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class Shard:
     """This rank's slice of every sample: tokens [sp_rank * L/sp, (sp_rank+1) * L/sp)."""
 
-    def __init__(self, layout: Layout, sp_rank: int, device: torch.device):
+    def __init__(self, layout: Layout, sp_rank: int, device: torch.device,
+                 loss_impl: str = "plain"):
         self.start = sp_rank * layout.local_seq_len
         self.stop = self.start + layout.local_seq_len
         self.device = device
+        self.loss_impl = loss_impl
+
+    def to_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A blocking host-to-GPU copy waits for all the work queued on the device (a stream
+        sync per micro-batch: with gradient accumulation the GPU idles while the host launches
+        the next forward). From pinned memory the copy is queued instead, and the caching host
+        allocator keeps the pinned buffer until the copy is done. The same values either way."""
+        if self.device.type == "cuda":
+            return tokens.pin_memory().to(self.device, non_blocking=True)
+        return tokens.to(self.device)
 
     def loss(self, engine, batch: Batch) -> torch.Tensor:
         """Mean loss over this rank's tokens. The SP ranks' losses average to the sample's
         loss, and their partial gradients sum to its gradient (see launcher.engine)."""
-        x, y = (t[:, self.start:self.stop].to(self.device) for t in batch)
-        return lm_loss(engine(x, start_pos=self.start), y)
+        x, y = (self.to_device(t[:, self.start:self.stop]) for t in batch)
+        if self.loss_impl == "plain":   # the reference: the logits out of the model
+            return lm_loss(engine(x, start_pos=self.start), y)
+        # model.loss_impl "chunked": the model's LM head and loss, without whole-batch logits
+        return engine(x, start_pos=self.start, targets=y)
 
 
 def world_mean(values: list[float], device) -> list[float]:
@@ -194,7 +208,7 @@ def train(config: RunConfig, *, resume: str = "none",
 
     dp_rank, dp_world = data_parallel_coords(rank(), layout.world, layout.sp)
     train_batches, eval_batches = build_batches(config, dp_rank, dp_world)
-    shard = Shard(layout, sp_rank, engine.device)
+    shard = Shard(layout, sp_rank, engine.device, config.model.loss_impl)
 
     state = None
     if resume_from:

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from model.loss import LossImpl
+
 # GPT-2 BPE has 50257 tokens; 50304 = next multiple of 64, which keeps the embedding and
 # LM-head matmuls on tensor-core friendly shapes (as in nanoGPT). The extra rows are never
 # targets, so they only cost 47 * hidden parameters.
@@ -50,6 +52,12 @@ class ModelConfig(BaseModel):
     # SageBwd quantises per tile; the sequence must split evenly into these tiles.
     block_q: int = 128
     block_kv: int = 64
+    # How the LM head and its cross-entropy run when the trainer passes targets (model/loss.py):
+    # "plain" materialises the micro-batch's logits and their fp32 copy (the reference),
+    # "chunked" computes the same loss and gradients (within bf16 rounding)
+    # loss_chunk_tokens rows of logits at a time. Not an architectural switch.
+    loss_impl: LossImpl = "plain"
+    loss_chunk_tokens: int = 2048
 
     @property
     def head_dim(self) -> int:
@@ -81,7 +89,8 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _check_consistency(self) -> "ModelConfig":
         positive = ("vocab_size", "pad_vocab_to_multiple_of", "seq_len", "hidden_size",
-                    "num_layers", "num_heads", "ffn_hidden_size", "block_q", "block_kv")
+                    "num_layers", "num_heads", "ffn_hidden_size", "block_q", "block_kv",
+                    "loss_chunk_tokens")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")

@@ -58,7 +58,8 @@ class RunResult:
 
 def default_run_name(config: RunConfig, tokens_per_step: int | None = None) -> str:
     m = config.model
-    return (f"{m.attention}-smooth_{m.smoothing}-qknorm_{'on' if m.qk_norm else 'off'}"
+    quant = f"-quant_{m.quant}" if m.attention == "sagebwd" and m.quant != "block" else ""
+    return (f"{m.attention}-smooth_{m.smoothing}{quant}-qknorm_{'on' if m.qk_norm else 'off'}"
             f"-tps{tokens_per_step or config.tokens_per_step}")
 
 
@@ -66,6 +67,7 @@ def grid_tags(config: RunConfig, tokens_per_step: int | None = None) -> dict[str
     """The paper's grid axes, as tags so runs can be filtered and grouped in MLflow."""
     m = config.model
     tags = {"attention": m.attention, "smoothing": m.smoothing,
+            "quant": m.quant if m.attention == "sagebwd" else "none",
             "qk_norm": str(m.qk_norm).lower(),
             "tokens_per_step": str(tokens_per_step or config.tokens_per_step),
             "model_preset": str(m.preset)}

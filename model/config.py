@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from sagebwd.validate import QUANT_CONTRACTS
+
 from model.loss import LossImpl
 
 # GPT-2 BPE has 50257 tokens; 50304 = next multiple of 64, which keeps the embedding and
@@ -21,6 +23,9 @@ SAGEBWD_HEAD_DIMS = (64, 128)
 
 AttentionBackend = Literal["fpa", "sagebwd"]
 Smoothing = Literal["none", "k", "qk"]
+# SageBwd's quantisation contract (sagebwd.validate.QUANT_CONTRACTS; docs/sagebwd.md): "block",
+# the paper's per-block scales, or "token", per-token scales.
+QuantContract = Literal[QUANT_CONTRACTS]
 # Which torch SDPA kernel runs attention="fpa"; "auto" lets PyTorch choose: with torch 2.11 on
 # an H200 it ran cuDNN for bf16 head-dim-64 training steps (profiled; docs/results.md).
 FpaKernel = Literal["auto", "flash", "cudnn", "efficient", "math"]
@@ -49,6 +54,7 @@ class ModelConfig(BaseModel):
     fpa_kernel: FpaKernel = "auto"
     qk_norm: bool = False
     smoothing: Smoothing = "none"
+    quant: QuantContract = "block"
     # SageBwd quantises per tile; the sequence must split evenly into these tiles.
     block_q: int = 128
     block_kv: int = 64
@@ -104,6 +110,10 @@ class ModelConfig(BaseModel):
             raise ValueError(
                 f"model.smoothing={self.smoothing!r} only applies to attention='sagebwd' "
                 "(it preconditions INT8 quantisation); set model.smoothing=none for fpa")
+        if self.attention == "fpa" and self.quant != "block":
+            raise ValueError(
+                f"model.quant={self.quant!r} only applies to attention='sagebwd' (SageBwd's "
+                "quantisation contract); leave model.quant unset for fpa")
         if self.attention == "sagebwd":
             if self.head_dim not in SAGEBWD_HEAD_DIMS:
                 raise ValueError(

@@ -252,7 +252,7 @@ def _metrics(record: dict[str, Any]) -> list:
 
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:300] if text else ''}"
+    return f"{type(err).__name__}: {text[0][:160] if text else ''}"
 
 
 class BackgroundUpload:

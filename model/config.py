@@ -97,34 +97,37 @@ class ModelConfig(BaseModel):
         positive = ("vocab_size", "pad_vocab_to_multiple_of", "seq_len", "hidden_size",
                     "num_layers", "num_heads", "ffn_hidden_size", "block_q", "block_kv",
                     "loss_chunk_tokens")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        problems = [f"model.{name} must be positive, got {getattr(self, name)}"
+                    for name in positive if getattr(self, name) <= 0]
+        if problems:   # the checks below divide by these
+            raise ValueError("\n  ".join(problems))
         if self.hidden_size % self.num_heads:
-            raise ValueError(
+            problems.append(
                 f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads "
                 f"({self.num_heads}); pick num_heads so that hidden_size / num_heads is the head dim")
-        if self.head_dim % 2:
-            raise ValueError(f"RoPE needs an even head dim, got {self.head_dim}")
+        elif self.head_dim % 2:
+            problems.append(f"RoPE needs an even head dim, got {self.head_dim}")
         if self.attention == "fpa" and self.smoothing != "none":
-            raise ValueError(
+            problems.append(
                 f"model.smoothing={self.smoothing!r} only applies to attention='sagebwd' "
                 "(it preconditions INT8 quantisation); set model.smoothing=none for fpa")
         if self.attention == "fpa" and self.quant != "block":
-            raise ValueError(
+            problems.append(
                 f"model.quant={self.quant!r} only applies to attention='sagebwd' (SageBwd's "
                 "quantisation contract); leave model.quant unset for fpa")
         if self.attention == "sagebwd":
             if self.head_dim not in SAGEBWD_HEAD_DIMS:
-                raise ValueError(
+                problems.append(
                     f"attention='sagebwd' supports head dim {SAGEBWD_HEAD_DIMS}, got "
                     f"{self.head_dim} (hidden_size {self.hidden_size} / num_heads {self.num_heads})")
             for block in ("block_q", "block_kv"):
                 if self.seq_len % getattr(self, block):
-                    raise ValueError(
+                    problems.append(
                         f"model.seq_len ({self.seq_len}) must be a multiple of model.{block} "
                         f"({getattr(self, block)}) for attention='sagebwd'; change seq_len or "
                         f"set a smaller {block}")
+        if problems:   # every problem at once
+            raise ValueError("\n  ".join(problems))
         return self
 
 

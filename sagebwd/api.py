@@ -7,7 +7,7 @@ import os
 import torch
 
 from .simulate import SageConfig, SimulatedSageBwd
-from .validate import BACKENDS, SageBwdInputError, check_inputs, check_quant
+from .validate import BACKENDS, SageBwdInputError, check_inputs, check_quant, check_tensors
 
 log = logging.getLogger("sagebwd")
 _said_simulating = False
@@ -49,6 +49,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     backend: "triton" (CUDA kernels), "simulate" (exact PyTorch simulation, any device) or
     "auto" (triton on CUDA, simulate elsewhere). check_finite costs one device sync per call.
     """
+    check_tensors(q, k, v)   # before anything reads q.device
     check_quant(quant)
     name = resolve_backend(backend, q.device)
     check_inputs(q, k, v, backend=name, block_q=block_q, block_kv=block_kv, check_finite=check_finite)

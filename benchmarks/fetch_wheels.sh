@@ -5,7 +5,7 @@
 # (benchmarks/torchtitan_anchor.sh). Run here (with network), then carry `.whl` to the GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-/work/main/.venv/bin/python}"
+PY="${PYTHON:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 mkdir -p .whl
 fetch() {

@@ -55,13 +55,15 @@ def register_flavor() -> None:
 
 def main() -> None:
     root = Path(os.environ.get("TT_ASSETS", "/tmp/tt-anchor"))
+    # Before anything imports torchtitan: 0.2.2's ConfigManager.parse_args takes sys.argv[1:] as a
+    # default argument, fixed when its module is imported.
+    sys.argv = [sys.argv[0], *sys.argv[1:], "--model.hf_assets_path", str(root / "tokenizer"),
+                "--training.dataset", "c4_test", "--training.dataset_path", str(root / "data")]
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         write_assets(root)
     register_flavor()
     from torchtitan.train import Trainer, main as torchtitan_main
 
-    sys.argv = [sys.argv[0], *sys.argv[1:], "--model.hf_assets_path", str(root / "tokenizer"),
-                "--training.dataset", "c4_test", "--training.dataset_path", str(root / "data")]
     torchtitan_main(Trainer)   # torchtitan 0.2.2's entry (0.3.0's takes no argument)
 
 

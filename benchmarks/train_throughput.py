@@ -47,7 +47,8 @@ from launcher.throughput import device_peak_tflops, mfu, train_flops_per_token
 DEFAULT_CASES = ("experiments/configs/gpu-124m.yaml@4096x4", "experiments/configs/gpu-325m.yaml@4096x4",
                  "experiments/configs/gpu-124m.yaml@16384x1")
 ATTENTIONS = {"fpa": ["model.attention=fpa", "model.smoothing=none"],
-              "sagebwd": ["model.attention=sagebwd", "model.smoothing=k"]}
+              "sagebwd": ["model.attention=sagebwd", "model.smoothing=k"],
+              "sagebwd-token": ["model.attention=sagebwd", "model.smoothing=k", "model.quant=token"]}
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
@@ -121,6 +122,7 @@ class MasterAdamW:
         self.optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                            fused=fused)
 
+    @torch.no_grad()
     def step(self) -> None:
         if self.mixed:
             for m, p in zip(self.masters, self.params):

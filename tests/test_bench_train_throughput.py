@@ -38,3 +38,21 @@ def test_a_failing_row_is_recorded_and_the_table_goes_on(tmp_path, capsys):
     assert rows[0]["error"] is None and rows[0]["seq_len"] == 96
     assert "block_q" in rows[1]["error"]
     assert "ERROR" in capsys.readouterr().out
+
+
+def test_mixed_precision_optimizer_step_updates_bf16_weights():
+    """The ZeRO-1-like step on bf16 weights (fp32 masters copied back in place: no autograd)."""
+    import torch
+    from benchmarks.train_throughput import MasterAdamW
+    from launcher.config import load_run_config
+    from model.llama import Llama
+
+    config = load_run_config("experiments/configs/cpu-tiny.yaml", [])
+    model = Llama(config.model).to(torch.bfloat16)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = MasterAdamW(model, config)
+    out = model(torch.randint(0, 100, (1, 32)))
+    (out[0] if isinstance(out, tuple) else out).float().square().mean().backward()
+    opt.step()
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None and p.dtype == torch.bfloat16 for p in model.parameters())

@@ -40,24 +40,16 @@ Limits (else backward.py runs): head_dim 128, block_q 128, block_kv 64, no Q-smo
 """
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .dkdv_hopper import _desc, _int8_bits, _seq_copy, as_a_operand, seq_desc
+from .dkdv_hopper import _int8_bits, _seq_copy, as_a_operand
 
 Q_ROWS = 128    # q rows per program = block_q
 KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
 STAGES = 2      # tile pairs in flight
-# A producer warp issues every TMA copy (gl.warp_specialize), the 8 warps of the program compute
-# (v30: dQ -1% causal, -3% without a mask at d=128; bit-identical). False: they issue the copies.
-WARP_SPECIALISED = True
-PRODUCER_REGS = 24
-# Head dims this kernel takes. It computes d=64 too (bit-identical to backward.py's), but slower
-# there: one program of 8 warps per SM against the Triton kernel's two (v19: +8..14%; v30,
-# warp-specialised: +0..5%). (64, 128) here makes `bench --kernel-times` time it at d=64.
-HEAD_DIMS = (128,)
+PRODUCER_REGS = 24   # the producer warp of the warp-specialised form (WS)
 
 # A CTA barrier (the name changed between Triton 3.6 and 3.7).
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -341,20 +333,3 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
                  n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, False)
         for i in gl.static_range(STAGES + 1):
             mbarrier.invalidate(bars.index(i))
-
-
-def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> bool:
-    """Whether this kernel covers a dQ call (else backward.py runs it): HEAD_DIMS."""
-    return head_dim in HEAD_DIMS and block_q == Q_ROWS and block_kv == KV_ROWS and not smooth_q
-
-
-def launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, causal: bool):
-    """(grid, args, kwargs) of the one dQ launch; v and do may have any strides and alignment."""
-    b, h, n, d = q8.shape
-    rows = b * h * n
-    args = (_desc(q8.reshape(rows, d), [Q_ROWS, d]), seq_desc(do, Q_ROWS),
-            _desc(k8.reshape(rows, d), [2 * KV_ROWS, d]), _desc(k8t.reshape(b * h * d, n), [d, 2 * KV_ROWS]),
-            seq_desc(v, 2 * KV_ROWS), s_q, s_k, lse2, delta, dq, *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h)
-    kwargs = dict(HEAD_DIM=d, Q_ROWS=Q_ROWS, KV_ROWS=KV_ROWS, CAUSAL=causal, STAGES=STAGES, num_warps=8,
-                  WS=WARP_SPECIALISED, PRODUCER_REGS=PRODUCER_REGS)
-    return (n // Q_ROWS, b * h), args, kwargs

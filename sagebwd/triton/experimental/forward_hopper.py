@@ -27,7 +27,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .dkdv_hopper import as_a_operand
+from ..dkdv_hopper import as_a_operand
 
 G_LOG2E = gl.constexpr(1.4426950408889634)
 G_LN2 = gl.constexpr(0.6931471805599453)
@@ -182,11 +182,6 @@ def _forward_kernel(q_desc, k_desc, v_desc, SQ, SK, SV, O, LSE, stride_ob, strid
     gl.store(LSE + bh * N + offs_m, m_i * G_LN2 + gl.log(l_i))
 
 
-def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> bool:
-    """Whether this kernel covers a forward call (else forward.py runs it)."""
-    return head_dim in (64, 128) and block_kv == BLOCK and block_q % BLOCK == 0 and not smooth_q
-
-
 def descriptors(q8, k8, v8t):
     """TMA descriptors of Q^, K^ (B*H*N, D) and V^T (B*H*D, N), in 64-row/64-column tiles."""
     b, h, n, d = q8.shape
@@ -209,13 +204,16 @@ def launch_args(q8, k8, v8t, s_q, s_k, s_v, o, lse, *, causal: bool, block_q: in
     return (n // BLOCK, b * h), args, kwargs
 
 
-def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, block_q: int, layout_of=None):
-    """O (B,H,N,D) in out_dtype (in layout_of's memory order) and LSE (B,H,N) fp32, as
-    forward.forward without Q-smoothing."""
-    from ._common import empty_in_layout_of, launch
+def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, mu_q, k, k_mean, block_q: int,
+        block_kv: int, layout_of=None, tuning=None):
+    """O (B,H,N,D) in out_dtype (in layout_of's memory order) and LSE (B,H,N) fp32, as forward.forward
+    without Q-smoothing (registry: forward "gluon"; smooth_k, mu_q, k, k_mean, block_kv are the
+    Triton forward's arguments, which its limits make unused here)."""
+    from .._common import empty_in_layout_of
+    from ..launch import launch
     b, h, n, d = q8.shape
     o = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype)
     lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
     grid, args, kwargs = launch_args(q8, k8, v8t, s_q, s_k, s_v, o, lse, causal=causal, block_q=block_q)
-    launch("forward", _forward_kernel, grid, *args, **kwargs)
+    launch("forward", _forward_kernel, grid, *args, tuning=tuning, **kwargs)
     return o, lse

@@ -27,6 +27,9 @@ import torch
 
 SHAPES = [(8, 16, 4096, 64), (8, 8, 4096, 128), (2, 16, 16384, 64)]
 BASELINES = ("FLASH", "CUDNN", "EFFICIENT")
+# SageBwd under each quantisation contract: "sage" is the paper's ("block"), "sage-token" the
+# per-token one; --quant picks which the benchmark times.
+SAGE_IMPLS = {"block": "sage", "token": "sage-token"}
 MODES = ("fwd", "bwd", "fwd+bwd")
 
 
@@ -37,10 +40,12 @@ def _sdpa_backend(name: str):
 
 
 def attention_fn(impl: str, causal: bool):
-    """A callable (q, k, v) -> o for 'sage' or an SDPA backend name."""
+    """A callable (q, k, v) -> o for 'sage' ('block' contract), 'sage-token' or an SDPA backend name."""
     import sagebwd
-    if impl == "sage":
-        return lambda q, k, v: sagebwd.attention(q, k, v, causal=causal, backend="triton", check_finite=False)
+    if impl in SAGE_IMPLS.values():
+        quant = "token" if impl == "sage-token" else "block"
+        return lambda q, k, v: sagebwd.attention(q, k, v, causal=causal, quant=quant, backend="triton",
+                                                 check_finite=False)
 
     from torch.nn.attention import sdpa_kernel
     backend = _sdpa_backend(impl)
@@ -197,13 +202,13 @@ def model_layout_table(shapes) -> list[dict]:
     return rows
 
 
-def benchmark(shapes, quick: bool) -> list[dict]:
+def benchmark(shapes, quick: bool, sage_impls=tuple(SAGE_IMPLS.values())) -> list[dict]:
     rows = []
     for shape in shapes:
         for causal in (True, False):
             for mode in MODES:
                 row = {"shape": list(shape), "causal": causal, "mode": mode}
-                for impl in ("sage",) + BASELINES:
+                for impl in tuple(sage_impls) + BASELINES:
                     row[impl] = time_impl(impl, shape, causal, mode)
                 rows.append(row)
                 print(_format_row(row), flush=True)
@@ -215,37 +220,46 @@ def benchmark(shapes, quick: bool) -> list[dict]:
 def _format_row(row) -> str:
     def cell(r):
         return f"{r['ms']:8.3f} ms {r['tflops']:6.1f}" if r.get("ms") else f"{'n/a':>18}"
-    sage = row["sage"]
-    ratios = " ".join(f"{sage['ms'] and row[b].get('ms') and row[b]['ms'] / sage['ms'] or float('nan'):5.2f}x"
-                      for b in BASELINES)
+    sages = [i for i in SAGE_IMPLS.values() if i in row]
+
+    def ratios(sage):
+        return " ".join(f"{sage.get('ms') and row[b].get('ms') and row[b]['ms'] / sage['ms'] or float('nan'):5.2f}x"
+                        for b in BASELINES)
     host = ""
     if row["mode"] == "fwd+bwd":
         host = " | host ms " + "/".join(f"{row[i]['host_ms']:.2f}" if row[i].get("host_ms") else "n/a"
-                                        for i in ("sage",) + BASELINES)
-        if sage.get("host_ms") and sage.get("ms") and sage["host_ms"] > 0.8 * sage["ms"]:
+                                        for i in (*sages, *BASELINES))
+        if any(row[i].get("host_ms") and row[i].get("ms") and row[i]["host_ms"] > 0.8 * row[i]["ms"] for i in sages):
             host += " (sage near launch-bound: its GPU time depends on the host)"
     return (f"{str(tuple(row['shape'])):20} {'causal' if row['causal'] else 'full':6} {row['mode']:8}"
-            f" | sage {cell(sage)} | " + " | ".join(f"{b} {cell(row[b])}" for b in BASELINES)
-            + f" | sage speed-up vs {'/'.join(BASELINES)}: {ratios}{host}")
+            + "".join(f" | {i} {cell(row[i])}" for i in sages) + " | "
+            + " | ".join(f"{b} {cell(row[b])}" for b in BASELINES)
+            + "".join(f" | {i} speed-up vs {'/'.join(BASELINES)}: {ratios(row[i])}" for i in sages) + host)
 
 
 def markdown_table(rows) -> str:
-    head = ("| (B,H,N,D) | mask | pass | SageBwd ms | TFLOPS | FLASH ms | CUDNN ms | EFFICIENT ms |"
-            " ×FLASH | ×CUDNN | ×EFFICIENT | peak MiB sage / flash / cudnn |")
-    lines = [head, "|" + "---|" * 12]
+    """One line per (shape, mask, pass): each contract's ms and TFLOPS, the baselines' ms, each
+    contract's speed-up over FLASH and CUDNN (baseline ms / SageBwd ms), peak memory."""
+    sages = [i for i in SAGE_IMPLS.values() if rows and i in rows[0]]
+    label = {v: f"SageBwd {k}" for k, v in SAGE_IMPLS.items()}
+    head = ("| (B,H,N,D) | mask | pass | " + " | ".join(f"{label[i]} ms | TFLOPS" for i in sages)
+            + " | FLASH ms | CUDNN ms | EFFICIENT ms | "
+            + " | ".join(f"{label[i]} ×FLASH | ×CUDNN" for i in sages)
+            + " | peak MiB " + " / ".join([label[i].split()[-1] for i in sages] + ["flash", "cudnn"]) + " |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        s = r["sage"]
-
         def ms(x):
             return f"{x['ms']:.3f}" if x.get("ms") else "n/a"
 
-        def ratio(b):
+        def ratio(b, s):
             return f"{r[b]['ms'] / s['ms']:.2f}" if r[b].get("ms") and s.get("ms") else "n/a"
-        peak = " / ".join(f"{r[i].get('peak_mib', float('nan')):.0f}" for i in ("sage", "FLASH", "CUDNN")) \
+        peak = " / ".join(f"{r[i].get('peak_mib', float('nan')):.0f}" for i in (*sages, "FLASH", "CUDNN")) \
             if r["mode"] == "fwd+bwd" else ""
-        lines.append(f"| {tuple(r['shape'])} | {'causal' if r['causal'] else 'full'} | {r['mode']} | {ms(s)} | "
-                     f"{s.get('tflops', 0):.0f} | {ms(r['FLASH'])} | {ms(r['CUDNN'])} | {ms(r['EFFICIENT'])} | "
-                     f"{ratio('FLASH')} | {ratio('CUDNN')} | {ratio('EFFICIENT')} | {peak} |")
+        lines.append(f"| {tuple(r['shape'])} | {'causal' if r['causal'] else 'full'} | {r['mode']} | "
+                     + " | ".join(f"{ms(r[i])} | {r[i].get('tflops', 0):.0f}" for i in sages)
+                     + f" | {ms(r['FLASH'])} | {ms(r['CUDNN'])} | {ms(r['EFFICIENT'])} | "
+                     + " | ".join(f"{ratio('FLASH', r[i])} | {ratio('CUDNN', r[i])}" for i in sages)
+                     + f" | {peak} |")
     return "\n".join(lines)
 
 
@@ -290,7 +304,8 @@ def _poison_allocator(mib: int) -> None:
     del blocks
 
 
-def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv=64, reruns=50) -> dict:
+def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv=64, reruns=50,
+               quant="block") -> dict:
     from . import simulate
     from .triton import attention
     gen = torch.Generator(device="cuda").manual_seed(1234)
@@ -298,15 +313,15 @@ def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv
     q, k, v = [t.requires_grad_() for t in (q, k, v)]
 
     def run():
-        o = attention(q, k, v, causal, True, smooth_q, block_q, block_kv)
+        o = attention(q, k, v, causal, True, smooth_q, block_q, block_kv, quant)
         return (o, *torch.autograd.grad(o, (q, k, v), do))
 
     _poison_allocator(4096)
     outs = run()
     from .triton.backward import fused_applies
     # the fused backward adds dQ with atomics: its dQ may differ in the last bits from run to run
-    fused = fused_applies(q.device, head_dim=shape[-1], block_q=block_q, block_kv=block_kv, smooth_q=smooth_q,
-                          seq=shape[2])
+    fused = quant == "block" and fused_applies(q.device, head_dim=shape[-1], block_q=block_q, block_kv=block_kv,
+                                               smooth_q=smooth_q, seq=shape[2])
     written = all(bool(torch.isfinite(t).all()) for t in outs)
     identical, rerun_diff = True, [0.0] * 4   # largest rel L2 between reruns, per output
     for _ in range(reruns):
@@ -314,11 +329,11 @@ def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv
             if not torch.equal(a, b):
                 identical = False
                 rerun_diff[i] = max(rerun_diff[i], _rel(b, a))
-    cfg = simulate.SageConfig(causal=causal, smooth_q=smooth_q, block_q=block_q, block_kv=block_kv)
+    cfg = simulate.SageConfig(causal=causal, smooth_q=smooth_q, block_q=block_q, block_kv=block_kv, quant=quant)
     o_sim, grads_sim = simulate_on_cpu(q, k, v, do, outs[0], cfg)   # backward given the O returned
     errs = {name: _rel(a.cpu(), b) for name, a, b in zip(("o", "dq", "dk", "dv"), outs, (o_sim, *grads_sim))}
     return {"shape": list(shape), "dtype": str(dtype).split(".")[-1], "causal": causal, "smooth_q": smooth_q,
-            "blocks": [block_q, block_kv], "rel_l2_vs_sim": errs, "all_written": written,
+            "blocks": [block_q, block_kv], "quant": quant, "rel_l2_vs_sim": errs, "all_written": written,
             f"identical_over_{reruns}_reruns": identical,
             "rerun_rel_l2": dict(zip(("o", "dq", "dk", "dv"), rerun_diff)), "fused_backward": fused,
             # reproducible: every output bit-identical over the reruns, except (fused backward) dQ,
@@ -327,7 +342,7 @@ def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv
                                 for name, d in zip(("o", "dq", "dk", "dv"), rerun_diff))}
 
 
-def sigma_case(sigma: float, causal: bool, seq=1024, head_dim=64, heads=4) -> dict:
+def sigma_case(sigma: float, causal: bool, seq=1024, head_dim=64, heads=4, quant="block") -> dict:
     """Error against full precision for kernel and simulation on the same bf16 inputs."""
     from . import fpa_attention, simulate
     from .triton import attention
@@ -336,16 +351,16 @@ def sigma_case(sigma: float, causal: bool, seq=1024, head_dim=64, heads=4) -> di
     q, k = [(sigma * torch.randn(*shape, device="cuda", generator=gen)).bfloat16() for _ in range(2)]
     v, do = [torch.randn(*shape, device="cuda", generator=gen).bfloat16() for _ in range(2)]
     qg, kg, vg = [t.clone().requires_grad_() for t in (q, k, v)]
-    o = attention(qg, kg, vg, causal, True, False, 128, 64)
+    o = attention(qg, kg, vg, causal, True, False, 128, 64, quant)
     kernel = (o, *torch.autograd.grad(o, (qg, kg, vg), do))
-    cfg = simulate.SageConfig(causal=causal)
+    cfg = simulate.SageConfig(causal=causal, quant=quant)
     o_cpu, saved = simulate.forward(*_cpu(q, k, v), cfg)
     sim = (o_cpu, *simulate.backward(saved, do.cpu(), cfg))
     ref = fpa_attention(q.double(), k.double(), v.double(), do.double(), causal=causal)
     refs = [t.cpu() for t in (ref.o, ref.dq, ref.dk, ref.dv)]
     kernel = [t.cpu() for t in kernel]
     names = ("o", "dq", "dk", "dv")
-    return {"sigma": sigma, "causal": causal, "seq": seq,
+    return {"sigma": sigma, "causal": causal, "seq": seq, "quant": quant,
             "kernel_vs_fpa": {n: _rel(a, r) for n, a, r in zip(names, kernel, refs)},
             "sim_vs_fpa": {n: _rel(a, r) for n, a, r in zip(names, sim, refs)}}
 
@@ -421,7 +436,7 @@ def diagnose(shape=(1, 2, 4096, 64), dtype=torch.bfloat16, causal=False) -> dict
     return out
 
 
-def check_correctness(quick: bool) -> dict:
+def check_correctness(quick: bool, quants=("block", "token")) -> dict:
     cases = [((2, 4, 4096, 64), torch.bfloat16, True, False), ((2, 4, 4096, 64), torch.bfloat16, False, False),
              ((2, 2, 4096, 128), torch.bfloat16, True, False), ((2, 2, 4096, 128), torch.float16, False, True),
              ((1, 4, 4096, 64), torch.float16, True, True), ((1, 1, 16384, 64), torch.bfloat16, True, False)]
@@ -429,23 +444,24 @@ def check_correctness(quick: bool) -> dict:
              ((1, 4, 2048, 128), torch.bfloat16, False, False, 128, 128)]
     if quick:
         cases, extra = cases[:1], []
+    runs = [(case, quant) for quant in quants for case in cases + extra]
     results, ok = [], True
-    for case in cases + extra:
-        r = check_case(*case[:4], *case[4:])
+    for case, quant in runs:
+        r = check_case(*case[:4], *case[4:], quant=quant)
         tol = TOLERANCE[r["dtype"]]
         r["pass"] = (r["all_written"] and r["reproducible"]
                      and all(e <= tol for e in r["rel_l2_vs_sim"].values()))
         ok &= r["pass"]
         results.append(r)
         errs = " ".join(f"{k} {e:.2e}" for k, e in r["rel_l2_vs_sim"].items())
-        print(f"check {tuple(r['shape'])} {r['dtype']} causal={r['causal']} smooth_q={r['smooth_q']} "
+        print(f"check {r['quant']} {tuple(r['shape'])} {r['dtype']} causal={r['causal']} smooth_q={r['smooth_q']} "
               f"blocks={r['blocks']}: {errs} written={r['all_written']} "
               f"deterministic={r['identical_over_50_reruns']} fused={r['fused_backward']} "
               f"rerun dQ {r['rerun_rel_l2']['dq']:.1e} -> {'PASS' if r['pass'] else 'FAIL'}", flush=True)
         torch.cuda.empty_cache()
-    sigmas = [] if quick else [sigma_case(s, c) for s in (1.0, 5.0) for c in (True, False)]
+    sigmas = [] if quick else [sigma_case(s, c, quant=qt) for qt in quants for s in (1.0, 5.0) for c in (True, False)]
     for s in sigmas:
-        print(f"sigma {s['sigma']} causal={s['causal']}: kernel vs FPA "
+        print(f"sigma {s['quant']} {s['sigma']} causal={s['causal']}: kernel vs FPA "
               + " ".join(f"{k} {e:.4f}" for k, e in s["kernel_vs_fpa"].items()) + " | sim vs FPA "
               + " ".join(f"{k} {e:.4f}" for k, e in s["sim_vs_fpa"].items()), flush=True)
     return {"cases": results, "sigma": sigmas, "pass": ok}
@@ -528,13 +544,13 @@ def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward")) -> list[dict]:
     return out
 
 
-def kernel_times(shape, causal: bool = True, iters: int = 5, layout: str = "contiguous") -> dict:
+def kernel_times(shape, causal: bool = True, iters: int = 5, layout: str = "contiguous", impl: str = "sage") -> dict:
     """Milliseconds per fwd+bwd spent in each CUDA kernel (torch.profiler), SageBwd only; layout
     "model" profiles model_layout_step instead (its PyTorch copies show up as kernels too)."""
     from torch.profiler import ProfilerActivity, profile
     b, h, n, d = shape
     if layout == "model":
-        model_step, qkv = model_layout_step("sage", shape, causal)
+        model_step, qkv = model_layout_step(impl, shape, causal)
 
         def step():
             qkv.grad = None
@@ -542,7 +558,7 @@ def kernel_times(shape, causal: bool = True, iters: int = 5, layout: str = "cont
     else:
         q, k, v = [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
         do = torch.randn_like(q)
-        fn = attention_fn("sage", causal)
+        fn = attention_fn(impl, causal)
 
         def step():   # grads set to None first: accumulating into .grad would add elementwise kernels
             q.grad = k.grad = v.grad = None
@@ -561,9 +577,9 @@ def kernel_times(shape, causal: bool = True, iters: int = 5, layout: str = "cont
         if total:
             times[evt.key[:60]] = total / iters / 1000.0
     times = dict(sorted(times.items(), key=lambda kv: -kv[1]))
-    print(f"kernel times {tuple(shape)} causal={causal} {layout} layout (ms per fwd+bwd): "
+    print(f"kernel times {impl} {tuple(shape)} causal={causal} {layout} layout (ms per fwd+bwd): "
           + ", ".join(f"{name} {ms:.3f}" for name, ms in times.items()), flush=True)
-    return {"shape": list(shape), "causal": causal, "layout": layout, "ms": times}
+    return {"shape": list(shape), "causal": causal, "layout": layout, "impl": impl, "ms": times}
 
 
 def environment() -> dict:
@@ -611,6 +627,8 @@ def main(argv=None) -> int:
                          "its reshapes included, vs SDPA FLASH and CUDNN")
     ap.add_argument("--cuda-graph", action="store_true",
                     help="causal fwd+bwd eager vs replayed from a CUDA graph (the host's launch work removed)")
+    ap.add_argument("--quant", nargs="+", choices=list(SAGE_IMPLS), default=list(SAGE_IMPLS),
+                    help="the quantisation contracts to check and time (default: block and token)")
     ap.add_argument("--once", action="store_true",
                     help="run one causal fwd+bwd at each target shape and exit (for ncu and other profilers)")
     args = ap.parse_args(argv)
@@ -638,17 +656,19 @@ def main(argv=None) -> int:
     if args.check:
         result["fp32_gap"] = [fp32_gap((2, 4, 4096, d), dt, True) for d in (64, 128)
                               for dt in (torch.bfloat16, torch.float16)]
-        result["check"] = check_correctness(args.quick)
+        result["check"] = check_correctness(args.quick, tuple(args.quant))
     if args.kernel_times:
-        result["kernel_times"] = [kernel_times(shape, mask == "causal", layout=args.kernel_layout)
-                                  for shape in (args.kernel_shapes or SHAPES[:2]) for mask in args.kernel_masks]
+        result["kernel_times"] = [kernel_times(shape, mask == "causal", layout=args.kernel_layout,
+                                               impl=SAGE_IMPLS[quant])
+                                  for quant in args.quant for shape in (args.kernel_shapes or SHAPES[:2])
+                                  for mask in args.kernel_masks]
     if args.model_layout:
         result["model_layout"] = model_layout_table(SHAPES[:2])
     if args.cuda_graph:
         result["cuda_graph"] = graph_vs_eager()
     shapes = SHAPES[:1] if args.quick else SHAPES
     if not args.no_bench:
-        result["bench"] = benchmark(shapes, args.quick)
+        result["bench"] = benchmark(shapes, args.quick, tuple(SAGE_IMPLS[q] for q in args.quant))
     result["kernels"] = kernel_report()
     if args.sweep:
         result["sweep"] = sweep([(8, 8, 4096, 128), (8, 16, 4096, 64)], tuple(args.sweep_kernels))

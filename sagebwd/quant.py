@@ -3,7 +3,10 @@
 One rule everywhere (the paper's psi): per block, ``scale = amax / 127`` and
 ``q = round(x * (127 / amax))`` with round-half-to-even, clamped to [-127, 127].
 Both divisions are single IEEE-rounded fp32 divisions, so a kernel that uses
-``div_rn`` reproduces the same integers. An all-zero block gets scale 0 and q 0.
+``div_rn`` reproduces the same integers. A block whose amax is below ``MIN_AMAX`` (2^-120,
+all-zero included) gets scale 0 and q 0: 127 / amax would overflow fp32 there, and the
+kernels' exp2 flushes such P values to zero anyway. Small groups (the "token" contract's
+rows of a P tile far from the diagonal) reach such amaxes; per-block tiles practically never.
 
 The integers are held in floating point: products of two |q| <= 127 summed over
 fewer than 1040 terms stay below 2**24, so float32 matmuls over them are exact.
@@ -16,13 +19,14 @@ from __future__ import annotations
 import torch
 
 QMAX = 127.0
+MIN_AMAX = 2.0 ** -120
 
 
 def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):
     if not enabled:
         return x, torch.ones_like(x.amax(dim=reduce_dims, keepdim=True))
     amax = x.abs().amax(dim=reduce_dims, keepdim=True)
-    nonzero = amax > 0
+    nonzero = amax >= MIN_AMAX
     # Tensor-by-tensor: PyTorch turns a division with a Python scalar into a multiply by a
     # reciprocal (1 ulp off for ~25% of values), which a div_rn kernel would not reproduce.
     qmax = torch.full_like(amax, QMAX)
@@ -53,6 +57,27 @@ def quantize_tiles(x: torch.Tensor, block_rows: int, block_cols: int, enabled: b
     xt = x.reshape(*lead, n // block_rows, block_rows, m // block_cols, block_cols)
     q, scale = _quantize(xt, (-3, -1), enabled)
     return q, scale.squeeze(-1).squeeze(-2)
+
+
+def quantize_groups(x: torch.Tensor, group: int, dim: int, enabled: bool = True):
+    """INT8 of ``x`` with one scale per run of ``group`` consecutive entries along ``dim``
+    (every other index has its own scale): the "token" contract's granularity.
+
+    ``dim=-1`` with ``group = D`` is per token (one scale per row of Q or K); on a score-shaped
+    (..., N, M) tensor, ``dim=-1`` with ``group = block_kv`` gives each row one scale per kv tile,
+    ``dim=-2`` with ``group = block_q`` each column one scale per q block.
+    Returns q (x's shape) and scale (x's shape with ``dim`` divided by ``group``).
+    """
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    xg = x.reshape(*x.shape[:dim], n // group, group, *x.shape[dim + 1:])
+    q, scale = _quantize(xg, (dim + 1,), enabled)
+    return q.reshape(x.shape), scale.squeeze(dim + 1)
+
+
+def dequantize_groups(q: torch.Tensor, scale: torch.Tensor, group: int, dim: int) -> torch.Tensor:
+    """Inverse of :func:`quantize_groups`."""
+    return q * scale.repeat_interleave(group, dim=dim)
 
 
 def dequantize_row_blocks(q: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:

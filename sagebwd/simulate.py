@@ -6,17 +6,23 @@ Every INT8 product is an integer matmul carried out exactly in floating point
 kernel would, so the simulation and a kernel differ only by float rounding of
 the scale/softmax arithmetic (exp vs exp2, summation order).
 
-Quantisation granularity (block_q = Bq rows of Q, block_kv = Bkv rows of K/V):
+Quantisation granularity, by contract (``SageConfig.quant``; block_q = Bq rows of Q,
+block_kv = Bkv rows of K/V; docs/sagebwd.md has the table):
 
-forward (Alg. 1)
-  Q: per (Bq x D) block, after optional Q-smoothing (Q_i - mean of block i)
-  K: per (Bkv x D) block, after K-smoothing (K - mean over the sequence)
-  V: per (Bkv x D) block
-  P~: per token inside each kv tile: P^ = round(127 * exp(S - t)) with t the
-      row max of the tile, i.e. the paper's s_P = rowmax(P~)/127, which does not
-      depend on the running max of the online softmax.
-backward (Alg. 2)
-  P, dS: per (Bq x Bkv) tile; dO: per (Bq x D) block; dP = dO V^T unquantised.
+"block", the paper's Algorithms 1-2:
+  forward  Q per (Bq x D) block after optional Q-smoothing (Q_i - mean of block i); K per
+           (Bkv x D) block after K-smoothing (K - mean over the sequence); V per (Bkv x D) block;
+           P~ per token inside each kv tile: P^ = round(127 * exp(S - t)) with t the row max of
+           the tile, i.e. the paper's s_P = rowmax(P~)/127, which does not depend on the running
+           max of the online softmax.
+  backward P, dS per (Bq x Bkv) tile; dO per (Bq x D) block; dP = dO V^T unquantised.
+"token": every scale runs along the free (non-reduced) axis of the product that consumes it,
+  so each one is a row maximum in the kernel that quantises it (no tile-wide reduction):
+  forward  Q and K per token (after the same smoothing); V and P~ as in "block".
+  backward P per (kv token, q block) for dV = P^T dO; dO per (Bq x D) block as in "block";
+           dS for dQ = dS K: X = dS * s_K (K's token scale moved into dS, since it runs along
+           the sum) per (q token, kv tile); dS for dK = dS^T Q: Y = dS * s_Q per (kv token,
+           q block). dS is thus quantised twice, once for each product.
 
 With Q-smoothing the bias sm_scale * mu_i K_sm^T is added to S in full
 precision, and dK gains the bias branch sm_scale * colsum(dS_i)^T mu_i computed
@@ -30,7 +36,9 @@ from typing import NamedTuple
 
 import torch
 
-from .quant import QMAX, dequantize_row_blocks, dequantize_tiles, quantize_row_blocks, quantize_tiles
+from .quant import (QMAX, dequantize_groups, dequantize_row_blocks, dequantize_tiles, quantize_groups,
+                    quantize_row_blocks, quantize_tiles)
+from .validate import QUANT_CONTRACTS
 
 
 @dataclass(frozen=True)
@@ -40,16 +48,22 @@ class SageConfig:
     smooth_q: bool = False
     block_q: int = 128
     block_kv: int = 64
+    # "block": the paper's per-block scales; "token": per-token scales (module docstring).
+    quant: str = "block"
     # False runs the same dataflow without rounding: the tests use it to check the formulas.
     quantize: bool = True
+
+    def __post_init__(self):
+        if self.quant not in QUANT_CONTRACTS:
+            raise ValueError(f"quant={self.quant!r} is not one of {QUANT_CONTRACTS}")
 
 
 class Saved(NamedTuple):
     """What the forward keeps for the backward (as a kernel would: quantised Q/K, V, O, LSE)."""
     q_hat: torch.Tensor   # (B, H, N, D) integers
-    s_q: torch.Tensor     # (B, H, N / Bq)
+    s_q: torch.Tensor     # (B, H, N / Bq) for "block", (B, H, N) for "token"
     k_hat: torch.Tensor   # (B, H, N, D) integers, from smoothed K
-    s_k: torch.Tensor     # (B, H, N / Bkv)
+    s_k: torch.Tensor     # (B, H, N / Bkv) for "block", (B, H, N) for "token"
     mu_q: torch.Tensor | None   # (B, H, N / Bq, D) block means of Q when Q-smoothing
     k_sm: torch.Tensor | None   # (B, H, N, D) smoothed K, for the Q-smoothing bias
     v: torch.Tensor       # (B, H, N, D) input dtype: dP = dO V^T stays 16-bit
@@ -76,11 +90,25 @@ def smooth(q: torch.Tensor, k: torch.Tensor, cfg: SageConfig):
     return (qb - mu_q.unsqueeze(-2)).reshape(b, h, n, d), k_sm, mu_q
 
 
+def quantize_qk(q_sm: torch.Tensor, k_sm: torch.Tensor, cfg: SageConfig):
+    """(q_hat, s_q, k_hat, s_k) of the smoothed Q and K, at the contract's granularity."""
+    if cfg.quant == "token":
+        (q_hat, s_q), (k_hat, s_k) = (quantize_groups(t, t.shape[-1], -1, cfg.quantize) for t in (q_sm, k_sm))
+        return q_hat, s_q.squeeze(-1), k_hat, s_k.squeeze(-1)
+    return (*quantize_row_blocks(q_sm, cfg.block_q, cfg.quantize),
+            *quantize_row_blocks(k_sm, cfg.block_kv, cfg.quantize))
+
+
+def token_scales(s: torch.Tensor, block: int, cfg: SageConfig) -> torch.Tensor:
+    """A Q or K scale as one value per token (B, H, N), whatever the contract."""
+    return s if cfg.quant == "token" else s.repeat_interleave(block, dim=-1)
+
+
 def scores(q_hat, s_q, k_hat, s_k, mu_q, k_sm, cfg: SageConfig, sm_scale: float) -> torch.Tensor:
     """S = (Q^ K^T) s_Q s_K / sqrt(d) [+ bias], masked with -inf when causal. Shape (B, H, N, N)."""
     s_int = q_hat @ k_hat.transpose(-1, -2)
-    s = s_int * s_q.repeat_interleave(cfg.block_q, dim=-1).unsqueeze(-1)
-    s = s * s_k.repeat_interleave(cfg.block_kv, dim=-1).unsqueeze(-2) * sm_scale
+    s = s_int * token_scales(s_q, cfg.block_q, cfg).unsqueeze(-1)
+    s = s * token_scales(s_k, cfg.block_kv, cfg).unsqueeze(-2) * sm_scale
     if mu_q is not None:
         bias = mu_q @ k_sm.transpose(-1, -2)            # (B, H, N/Bq, N), one row per q block
         s = s + sm_scale * bias.repeat_interleave(cfg.block_q, dim=-2)
@@ -95,8 +123,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: SageConfig):
     ct = compute_dtype(q.dtype)
     sm_scale = 1.0 / math.sqrt(d)
     q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)
-    q_hat, s_q = quantize_row_blocks(q_sm, cfg.block_q, cfg.quantize)
-    k_hat, s_k = quantize_row_blocks(k_sm, cfg.block_kv, cfg.quantize)
+    q_hat, s_q, k_hat, s_k = quantize_qk(q_sm, k_sm, cfg)
     v_hat, s_v = quantize_row_blocks(v.to(ct), cfg.block_kv, cfg.quantize)
     s = scores(q_hat, s_q, k_hat, s_k, mu_q, k_sm, cfg, sm_scale)
 
@@ -132,26 +159,19 @@ def backward(saved: Saved, do: torch.Tensor, cfg: SageConfig, return_intermediat
     b, h, n, d = saved.v.shape
     ct = compute_dtype(saved.v.dtype)
     sm_scale = 1.0 / math.sqrt(d)
-    tm, tn, bq, bk = n // cfg.block_q, n // cfg.block_kv, cfg.block_q, cfg.block_kv
+    tm, bq = n // cfg.block_q, cfg.block_q
     do_c = do.to(ct)
     delta = (do_c * saved.o.to(ct)).sum(dim=-1)
     s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, sm_scale)
     p = torch.exp(s - saved.lse.unsqueeze(-1))
 
-    p_hat, s_p = quantize_tiles(p, bq, bk, cfg.quantize)       # (B,H,Tm,Bq,Tn,Bkv), (B,H,Tm,Tn)
-    do_hat, s_do = quantize_row_blocks(do_c, bq, cfg.quantize)
-    pt_do = torch.einsum("bhiqjk,bhiqd->bhijkd", p_hat, do_hat.reshape(b, h, tm, bq, d))
-    dv = (pt_do * s_p[..., None, None] * s_do[:, :, :, None, None, None]).sum(dim=2).reshape(b, h, n, d)
-
     dp = do_c @ saved.v.to(ct).transpose(-1, -2)               # kept in 16-bit inputs, fp32 accumulate
     ds = p * (dp - delta.unsqueeze(-1))
-    ds_hat, s_ds = quantize_tiles(ds, bq, bk, cfg.quantize)
-    ds_k = torch.einsum("bhiqjk,bhjkd->bhijqd", ds_hat, saved.k_hat.reshape(b, h, tn, bk, d))
-    dq = (ds_k * s_ds[..., None, None] * saved.s_k[:, :, None, :, None, None] * sm_scale).sum(dim=3)
-    dq = dq.reshape(b, h, n, d)
-    dst_q = torch.einsum("bhiqjk,bhiqd->bhijkd", ds_hat, saved.q_hat.reshape(b, h, tm, bq, d))
-    dk = (dst_q * s_ds[..., None, None] * saved.s_q[:, :, :, None, None, None] * sm_scale).sum(dim=2)
-    dk = dk.reshape(b, h, n, d)
+    do_hat, s_do = quantize_row_blocks(do_c, bq, cfg.quantize)
+    if cfg.quant == "token":
+        dv, dq, dk, p_seen, ds_seen = _token_products(p, ds, do_hat, s_do, saved, cfg, sm_scale)
+    else:
+        dv, dq, dk, p_seen, ds_seen = _block_products(p, ds, do_hat, s_do, saved, cfg, sm_scale)
     if saved.mu_q is not None:
         col_sums = ds.reshape(b, h, tm, bq, n).sum(dim=3)       # (B,H,Tm,N): dS_i^T 1 per q block
         dk = dk + sm_scale * torch.einsum("bhin,bhid->bhnd", col_sums, saved.mu_q)
@@ -160,8 +180,52 @@ def backward(saved: Saved, do: torch.Tensor, cfg: SageConfig, return_intermediat
     grads = dq.to(dtype), dk.to(dtype), dv.to(dtype)
     if not return_intermediates:
         return grads
-    inter = Intermediates(delta, dequantize_tiles(p_hat, s_p), dp, dequantize_tiles(ds_hat, s_ds))
-    return grads, inter
+    return grads, Intermediates(delta, p_seen(), dp, ds_seen())
+
+
+def _block_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
+    """dV, dQ, dK with P and dS per (Bq x Bkv) tile; and the dequantised P and
+    dS (as callables: only the tracer wants them)."""
+    b, h, n, d = saved.v.shape
+    tm, tn, bq, bk = n // cfg.block_q, n // cfg.block_kv, cfg.block_q, cfg.block_kv
+    p_hat, s_p = quantize_tiles(p, bq, bk, cfg.quantize)       # (B,H,Tm,Bq,Tn,Bkv), (B,H,Tm,Tn)
+    pt_do = torch.einsum("bhiqjk,bhiqd->bhijkd", p_hat, do_hat.reshape(b, h, tm, bq, d))
+    dv = (pt_do * s_p[..., None, None] * s_do[:, :, :, None, None, None]).sum(dim=2).reshape(b, h, n, d)
+    ds_hat, s_ds = quantize_tiles(ds, bq, bk, cfg.quantize)
+    ds_k = torch.einsum("bhiqjk,bhjkd->bhijqd", ds_hat, saved.k_hat.reshape(b, h, tn, bk, d))
+    dq = (ds_k * s_ds[..., None, None] * saved.s_k[:, :, None, :, None, None] * sm_scale).sum(dim=3)
+    dq = dq.reshape(b, h, n, d)
+    dst_q = torch.einsum("bhiqjk,bhiqd->bhijkd", ds_hat, saved.q_hat.reshape(b, h, tm, bq, d))
+    dk = (dst_q * s_ds[..., None, None] * saved.s_q[:, :, :, None, None, None] * sm_scale).sum(dim=2)
+    dk = dk.reshape(b, h, n, d)
+    return dv, dq, dk, lambda: dequantize_tiles(p_hat, s_p), lambda: dequantize_tiles(ds_hat, s_ds)
+
+
+def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
+    """dV, dQ, dK with every scale along the free axis of its product:
+    P per (kv token, q block); X = dS s_K per (q token, kv tile) for dQ; Y = dS s_Q per
+    (kv token, q block) for dK. Returns the dequantised P and dS (dS as dQ sees it) as callables."""
+    b, h, n, d = saved.v.shape
+    tm, tn, bq, bk = n // cfg.block_q, n // cfg.block_kv, cfg.block_q, cfg.block_kv
+    s_k, s_q = saved.s_k.unsqueeze(-2), saved.s_q.unsqueeze(-1)  # per kv column, per q row
+
+    def by_q_block(t):   # (B,H,N,M) -> (B,H,Tm,Bq,M)
+        return t.reshape(b, h, tm, bq, -1)
+
+    p_hat, s_p = quantize_groups(p, bq, -2, cfg.quantize)      # s_p (B,H,Tm,N)
+    pt_do = torch.einsum("bhiqn,bhiqd->bhind", by_q_block(p_hat), by_q_block(do_hat))
+    dv = (pt_do * s_p[..., None] * s_do[:, :, :, None, None]).sum(dim=2)
+    x_hat, s_x = quantize_groups(ds * s_k, bk, -1, cfg.quantize)   # s_x (B,H,N,Tn)
+    xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tn, bk), saved.k_hat.reshape(b, h, tn, bk, d))
+    dq = (xk * s_x[..., None] * sm_scale).sum(dim=-2)
+    y_hat, s_y = quantize_groups(ds * s_q, bq, -2, cfg.quantize)   # s_y (B,H,Tm,N)
+    yq = torch.einsum("bhiqn,bhiqd->bhind", by_q_block(y_hat), by_q_block(saved.q_hat))
+    dk = (yq * s_y[..., None] * sm_scale).sum(dim=2)
+
+    def ds_seen():
+        x = dequantize_groups(x_hat, s_x, bk, -1)
+        return torch.where(s_k > 0, x / torch.where(s_k > 0, s_k, torch.ones_like(s_k)), torch.zeros_like(x))
+    return dv, dq, dk, lambda: dequantize_groups(p_hat, s_p, bq, -2), ds_seen
 
 
 class SimulatedSageBwd(torch.autograd.Function):
@@ -184,5 +248,5 @@ class SimulatedSageBwd(torch.autograd.Function):
 
 def dequantized_inputs(saved: Saved, cfg: SageConfig):
     """Q and K as the quantised matmuls see them (for debugging and the tracer)."""
-    return (dequantize_row_blocks(saved.q_hat, saved.s_q, cfg.block_q),
-            dequantize_row_blocks(saved.k_hat, saved.s_k, cfg.block_kv))
+    return (saved.q_hat * token_scales(saved.s_q, cfg.block_q, cfg).unsqueeze(-1),
+            saved.k_hat * token_scales(saved.s_k, cfg.block_kv, cfg).unsqueeze(-1))

@@ -1,14 +1,14 @@
 """Trace the error of every SageBwd intermediate against full-precision attention.
 
-    python -m sagebwd.trace sigma --seq 1024 --head-dim 64 [--sigmas 1 3 5 8 10] [--causal] [--json PATH]
-    python -m sagebwd.trace tensors --input qkvdo.pt [--causal] [--json PATH]
+    python -m sagebwd.trace sigma --seq 1024 --head-dim 64 [--sigmas 1 3 5 8 10] [--causal] [--quant token] [--json PATH]
+    python -m sagebwd.trace tensors --input qkvdo.pt [--causal] [--quant token] [--json PATH]
 
 ``sigma`` reproduces the paper's sigma_Q,K table (Gaussian Q, K with std sigma; V and dO with
 std 1); ``tensors`` traces captured q, k, v, do (a dict saved with torch.save, each
 (batch, heads, seq, head_dim)), like the paper's layer-11 analysis.
 
 Compared tensors (SageBwd side as its matmuls consume them): delta = rowsum(dO*O), P (the
-backward's per-tile INT8 P, dequantised), dP = dO V^T, dS (per-tile INT8, dequantised), O, dQ,
+backward's INT8 P, dequantised), dP = dO V^T, dS (INT8 as dQ consumes it, dequantised), O, dQ,
 dK, dV. dO is the same for both sides, so dP differs only through nothing: it is the control.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from .fpa import fpa_attention
 from .simulate import SageConfig, backward, forward
-from .validate import check_blocks, check_seq_len, SUPPORTED_HEAD_DIMS, SageBwdInputError
+from .validate import QUANT_CONTRACTS, check_blocks, check_seq_len, SUPPORTED_HEAD_DIMS, SageBwdInputError
 
 TENSORS = ("delta", "p", "dp", "ds", "o", "dq", "dk", "dv")
 LABELS = {"delta": "delta", "p": "P", "dp": "dP", "ds": "dS", "o": "O", "dq": "dQ", "dk": "dK", "dv": "dV"}
@@ -93,7 +93,7 @@ def _config_from_args(args, seq: int) -> SageConfig:
     check_blocks(args.block_q, args.block_kv)
     check_seq_len(seq, args.block_q, args.block_kv)
     return SageConfig(causal=args.causal, smooth_k=not args.no_smooth_k, smooth_q=args.smooth_q,
-                      block_q=args.block_q, block_kv=args.block_kv)
+                      block_q=args.block_q, block_kv=args.block_kv, quant=args.quant)
 
 
 def _write_json(path, payload) -> None:
@@ -110,7 +110,8 @@ def _run_sigma(args) -> None:
                        seed=args.seed, cfg=cfg)
     print(f"SageBwd (simulated INT8) vs FPA, Gaussian Q,K with std sigma, V,dO std 1; "
           f"B={args.batch} H={args.heads} N={args.seq} D={args.head_dim} causal={args.causal} "
-          f"smooth_k={cfg.smooth_k} smooth_q={cfg.smooth_q} blocks={cfg.block_q}x{cfg.block_kv} seed={args.seed}")
+          f"smooth_k={cfg.smooth_k} smooth_q={cfg.smooth_q} blocks={cfg.block_q}x{cfg.block_kv} quant={cfg.quant} "
+          f"seed={args.seed}")
     print(format_sigma_table(rows))
     if args.json:
         _write_json(args.json, {"config": asdict(cfg), "seq": args.seq, "head_dim": args.head_dim,
@@ -144,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-smooth-k", action="store_true", help="switch K-smoothing off")
         p.add_argument("--block-q", type=int, default=128)
         p.add_argument("--block-kv", type=int, default=64)
+        p.add_argument("--quant", choices=QUANT_CONTRACTS, default="block",
+                       help="quantisation contract: 'block' (the paper's) or 'token' (per-token scales)")
         p.add_argument("--json", help="also write the numbers to this JSON file")
 
     s = sub.add_parser("sigma", help="the paper's sigma_Q,K table on Gaussian inputs")

@@ -5,6 +5,9 @@ import torch
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 BACKENDS = ("auto", "simulate", "triton")
+# Quantisation contracts: "block" (the paper's per-block scales), "token" (per-token scales);
+# docs/sagebwd.md states both.
+QUANT_CONTRACTS = ("block", "token")
 SIMULATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -26,6 +29,12 @@ def check_kernels(kernels: str) -> None:
         parse(kernels)
     except KernelChoiceError as err:
         raise SageBwdInputError(str(err)) from None
+
+
+def check_quant(quant: str) -> None:
+    if quant not in QUANT_CONTRACTS:
+        raise SageBwdInputError(f"quant={quant!r} is not a quantisation contract; use one of {QUANT_CONTRACTS} "
+                                "('block': the paper's per-block scales, 'token': per-token scales)")
 
 
 def check_seq_len(seq_len: int, block_q: int, block_kv: int) -> None:

@@ -51,12 +51,13 @@ def test_fpa_intermediates_match_autograd_float64(causal):
 
 # --- the simulation's formulas, quantisation switched off ---------------------------------------
 
+@pytest.mark.parametrize("quant", ["block", "token"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("smooth_k,smooth_q", [(False, False), (True, False), (True, True), (False, True)])
-def test_backward_equals_autograd_of_forward_without_quantisation(causal, smooth_k, smooth_q):
+def test_backward_equals_autograd_of_forward_without_quantisation(causal, smooth_k, smooth_q, quant):
     # Nonzero means make the smoothing terms matter.
     q, k, v, do = qkvdo(q_mean=0.7, k_mean=-0.5)
-    cfg = SageConfig(causal=causal, smooth_k=smooth_k, smooth_q=smooth_q, quantize=False, **SMALL)
+    cfg = SageConfig(causal=causal, smooth_k=smooth_k, smooth_q=smooth_q, quantize=False, quant=quant, **SMALL)
     qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
     o_auto, _ = forward(qa, ka, va, cfg)
     o_auto.backward(do)
@@ -206,6 +207,53 @@ def test_error_grows_with_sigma_at_small_seq():
     assert rows[1]["dp"].rel_l2 == 0.0                    # dP is unquantised and dO shared: the control
 
 
+# --- the "token" contract ---------------------------------------------------------------------
+
+def test_token_contract_scales_q_and_k_per_token():
+    q, k, v, _ = qkvdo(n=64, dtype=torch.float32, scale=2.0)
+    _, saved = forward(q, k, v, SageConfig(quant="token", **SMALL))
+    assert saved.s_q.shape == saved.s_k.shape == (2, 2, 64)
+    k_sm = k - k.mean(-2, keepdim=True)
+    torch.testing.assert_close(saved.s_k, k_sm.abs().amax(-1) / 127, rtol=1e-6, atol=0)
+    assert saved.q_hat.abs().amax(-1).eq(127).all() and saved.k_hat.abs().amax(-1).eq(127).all()
+
+
+def test_token_contract_keeps_rows_independent():
+    """A q row's O and dQ depend on no other q row (block scales couple the rows of a block)."""
+    q, k, v, do = qkvdo(n=64, dtype=torch.float32)
+    q2, do2 = q.clone(), do.clone()
+    q2[..., 40:, :] *= 30      # another q row of the same 32-row block, far larger
+    do2[..., 40:, :] *= 30
+    changed = {}
+    for quant in ("block", "token"):
+        cfg = SageConfig(quant=quant, **SMALL)
+        (o1, s1), (o2, s2) = forward(q, k, v, cfg), forward(q2, k, v, cfg)
+        dq1, dq2 = backward(s1, do, cfg)[0], backward(s2, do2, cfg)[0]
+        changed[quant] = (not torch.equal(o1[..., 32:40, :], o2[..., 32:40, :]),
+                          not torch.equal(dq1[..., 32:40, :], dq2[..., 32:40, :]))
+    assert changed["token"] == (False, False)
+    assert changed["block"] == (True, True)
+
+
+def test_token_contract_is_more_accurate_than_block():
+    from sagebwd.trace import sigma_sweep
+    # 8 heads: at sigma 8 one head's dQ error swings by +-30% with the draw (a few peaked rows)
+    rows = {quant: sigma_sweep([1, 8], seq=256, head_dim=64, heads=8, cfg=SageConfig(causal=True, quant=quant))
+            for quant in ("block", "token")}
+    for sigma in (1, 8):
+        for name in ("o", "dq", "dk", "dv"):
+            assert rows["token"][sigma][name].rel_l2 < rows["block"][sigma][name].rel_l2, (sigma, name)
+    assert rows["token"][1]["dq"].rel_l2 < 0.5 * rows["block"][1]["dq"].rel_l2
+
+
+def test_tiny_groups_quantise_to_zero_not_nan():
+    from sagebwd.quant import MIN_AMAX, quantize_groups
+    x = torch.tensor([[1e-38, -5e-39, 0.0, 0.0], [1.0, -0.5, 0.25, 0.0]])
+    q, scale = quantize_groups(x, 2, -1)
+    assert torch.isfinite(q).all() and torch.equal(q[0], torch.zeros(4))
+    assert q[1].tolist() == [127.0, -64.0, 127.0, 0.0] and MIN_AMAX > 0
+
+
 # --- bad input ------------------------------------------------------------------------------------
 
 def _bad(match, *args, **kw):
@@ -226,6 +274,7 @@ def test_bad_inputs_are_rejected_with_a_fix():
     _bad("k contains NaN or Inf", x, nan, x)
     _bad("backend='cuda' is not one of", x, x, x, backend="cuda")
     _bad("power of two", x, x, x, block_q=100)
+    _bad("quant='fp8' is not a quantisation contract.*'block'.*'token'", x, x, x, quant="fp8")
     with pytest.raises(sagebwd.SageBwdInputError, match="needs CUDA tensors"):
         sagebwd.attention(x, x, x, backend="triton")
     _bad("dtype torch.int32 is not supported", *(torch.ones(1, 2, 128, 64, dtype=torch.int32),) * 3)

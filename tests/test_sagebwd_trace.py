@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from sagebwd.trace import main
@@ -18,6 +19,15 @@ def test_sigma_table_cli_prints_and_writes_json(tmp_path, capsys):
     assert set(rows) == {"1.0", "8.0"}
     assert rows["8.0"]["dq"]["rel_l2"] > rows["1.0"]["dq"]["rel_l2"] > 0
     assert rows["1.0"]["dp"]["rel_l2"] == 0.0
+
+
+def test_sigma_table_for_the_token_contract(capsys):
+    assert main(["sigma", "--seq", "128", "--head-dim", "64", "--sigmas", "1", "--block-q", "32",
+                 "--block-kv", "16", "--causal", "--quant", "token"]) == 0
+    text = capsys.readouterr().out
+    assert "quant=token" in text and "\n| 1 |" in text
+    with pytest.raises(SystemExit):
+        main(["sigma", "--seq", "128", "--head-dim", "64", "--quant", "fp8"])
 
 
 def test_tensors_trace_from_a_saved_dict(tmp_path, capsys):

@@ -13,12 +13,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 TOLERANCE = {torch.bfloat16: 5e-3, torch.float16: 2e-3}
 
 
+@pytest.mark.parametrize("quant", ["block", "token"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal,smooth_q", [(False, False), (True, False), (True, True)])
-def test_matches_simulation(dtype, head_dim, causal, smooth_q):
+def test_matches_simulation(dtype, head_dim, causal, smooth_q, quant):
     from sagebwd.bench import check_case
-    r = check_case((1, 4, 2048, head_dim), dtype, causal, smooth_q, reruns=5)
+    r = check_case((1, 4, 2048, head_dim), dtype, causal, smooth_q, reruns=5, quant=quant)
     assert r["all_written"], "an output element was left unwritten (NaN from the poisoned allocator)"
     assert r["identical_over_5_reruns"], "reruns differ: a race"
     for name, err in r["rel_l2_vs_sim"].items():

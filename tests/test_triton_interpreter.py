@@ -24,7 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# (name, dtype, seq, head_dim, block_q, block_kv, causal, smooth_q, strided inputs)
+# (name, dtype, seq, head_dim, block_q, block_kv, causal, smooth_q, strided inputs[, quant contract])
 CASES = [
     ("fp16-plain", "float16", 256, 64, 128, 64, False, False, False),
     ("fp16-causal", "float16", 256, 64, 128, 64, True, False, False),
@@ -46,6 +46,13 @@ CASES = [
     ("fp16-causal-separate", "float16", 256, 64, 128, 64, True, False, False),
     ("fp16-causal-smoothq-chain", "float16", 256, 64, 128, 64, True, True, False),
     ("fp16-causal-smoothq-d128-onelaunch", "float16", 256, 128, 128, 64, True, True, False),
+    # the "token" contract: per-token Q, K scales; P, dS scales per row of each tile
+    ("fp16-causal-token", "float16", 256, 64, 128, 64, True, False, False, "token"),
+    ("fp16-smoothq-strided-token", "float16", 256, 64, 128, 64, False, True, True, "token"),
+    ("bf16-causal-d128-token", "bfloat16", 256, 128, 128, 64, True, False, False, "token"),
+    ("fp16-causal-smoothq-q64-kv128-token", "float16", 256, 64, 64, 128, True, True, False, "token"),
+    ("fp16-causal-seq192-blocks64-token", "float16", 192, 64, 64, 64, True, False, False, "token"),
+    ("fp16-full-d128-token", "float16", 256, 128, 128, 64, False, False, False, "token"),
 ]
 # Relative L2, kernel vs simulation (same dtype). The interpreter rounds fp32 -> bf16 less
 # carefully than the GPU does, so bf16 gets a looser bound here (the GPU check uses 5e-3).
@@ -59,7 +66,7 @@ def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strided) -> dict:
+def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strided, quant="block") -> dict:
     import torch
     import sagebwd
     from sagebwd import simulate
@@ -87,15 +94,15 @@ def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strid
     if name.endswith("-onelaunch"):
         LAUNCH_OVERRIDES["dkdv_blocks"] = {"separate": False, "split_d": 2}
     start = time.time()
-    o = attention(q, k, v, causal, True, smooth_q, block_q, block_kv)
+    o = attention(q, k, v, causal, True, smooth_q, block_q, block_kv, quant)
     grads = torch.autograd.grad(o, (q, k, v), do)
     seconds = time.time() - start
     with torch.no_grad():   # the inference path (no transposed copies) must give the same O
-        o_inference = attention(q, k, v, causal, True, smooth_q, block_q, block_kv)
+        o_inference = attention(q, k, v, causal, True, smooth_q, block_q, block_kv, quant)
 
     # The backward is defined given the O the forward returned: feed the simulation's backward
     # the kernel's O, so that 1-ulp differences of O do not move delta and flip dS integers.
-    cfg = SageConfig(causal=causal, smooth_q=smooth_q, block_q=block_q, block_kv=block_kv)
+    cfg = SageConfig(causal=causal, smooth_q=smooth_q, block_q=block_q, block_kv=block_kv, quant=quant)
     with torch.no_grad():
         o_sim, saved = simulate.forward(q, k, v, cfg)
         grads_sim = simulate.backward(saved._replace(o=o.detach()), do, cfg)
@@ -132,7 +139,7 @@ def _opcheck_case() -> dict:
     from sagebwd.triton import ops  # noqa: F401  (registers the ops)
 
     q, k, v = [torch.randn(1, 1, 128, 64).half().requires_grad_() for _ in range(3)]
-    torch.library.opcheck(torch.ops.sagebwd_triton.forward.default, (q, k, v, True, True, True, 128, 64, True),
+    torch.library.opcheck(torch.ops.sagebwd_triton.forward.default, (q, k, v, True, True, True, 128, 64, False, True),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
     return {"name": "opcheck", "ok": True}
 
@@ -181,12 +188,35 @@ def _fused_quantize_case() -> dict:
             and bool(torch.equal(no_cols[6], plain_k[2]))}
 
 
+def _token_quantize_case() -> dict:
+    """The "token" quantiser gives the simulation's integers and scales bit for bit (Q after
+    Q-smoothing, K after K-smoothing, per token; V per block), in one launch or three."""
+    import torch
+    from sagebwd.simulate import SageConfig, quantize_qk, smooth
+    from sagebwd.triton import quantize as kq
+
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = [(torch.randn(1, 256, 2, 64, generator=gen) * 3).half().transpose(1, 2) for _ in range(3)]
+    k_mean = kq.sequence_mean(k)
+    one = kq.quantize_qkv(q, k, v, 128, 64, k_mean=k_mean, smooth_q=True, cols=True, token=True)
+    three = kq.quantize_qkv(q, k, v, 64, 128, k_mean=k_mean, smooth_q=True, cols=True, token=True)
+    cfg = SageConfig(smooth_q=True, block_q=128, quant="token")
+    q_sm, k_sm, _ = smooth(q.float(), k.float(), cfg)
+    q_hat, s_q, k_hat, s_k = quantize_qk(q_sm, k_sm, cfg)
+    q8, _, kq_s_q, _, k8, _, kq_s_k, _, _ = one
+    return {"name": "token_quantize",
+            "equal_sim": bool(torch.equal(q8.float(), q_hat)) and bool(torch.equal(kq_s_q, s_q))
+            and bool(torch.equal(k8.float(), k_hat)) and bool(torch.equal(kq_s_k, s_k)),
+            "k_equal_across_tiles": bool(torch.equal(one[4], three[4])) and bool(torch.equal(one[6], three[6]))}
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run through the tests (they set TRITON_INTERPRET=1)"
     for case in CASES:
         print(json.dumps(_run_case(*case)), flush=True)
     print(json.dumps(_k_order_case()), flush=True)
     print(json.dumps(_fused_quantize_case()), flush=True)
+    print(json.dumps(_token_quantize_case()), flush=True)
     print(json.dumps(_compile_case()), flush=True)
     print(json.dumps(_opcheck_case()), flush=True)
 
@@ -218,6 +248,12 @@ def test_kernels_match_simulation(results, case):
 def test_one_launch_quantisation_matches_three(results):
     assert results["fused_quantize"]["equal"], "quantize_qkv differs from quantize_blocks"
     assert results["fused_quantize"]["no_cols"], "quantize_qkv without cols differs from quantize_blocks"
+
+
+def test_token_quantiser_matches_simulation(results):
+    r = results["token_quantize"]
+    assert r["equal_sim"], "the token quantiser's integers or scales differ from the simulation's"
+    assert r["k_equal_across_tiles"], "per-token K depends on the launch's tile size"
 
 
 def test_compiles_fullgraph(results):

@@ -34,18 +34,20 @@ _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", 
 
 
 def record_launches(shape, dtype=torch.bfloat16, causal=True, smooth_q=False, block_q=128, block_kv=64,
-                    kernels: str = "default") -> list:
+                    kernels: str = "default", quant: str = "block") -> list:
     """(name, kernel, args, kwargs) of every kernel launch of one forward and one backward on an
-    sm90 GPU, with the registry's kernels for `kernels` (sagebwd.triton.registry)."""
+    sm90 GPU, with the registry's kernels for `kernels` and the contract `quant`
+    (sagebwd.triton.registry)."""
     from sagebwd.triton import ops
     from sagebwd.triton.launch import Tuning
     b, h, n, d = shape
     q, k, v, do = [torch.randn(b, h, n, d).to(dtype) for _ in range(4)]
     tuning = Tuning(recorded=[], arch="sm90")
+    token = quant == "token"
     o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = ops._forward_impl(q, k, v, causal, True, smooth_q, block_q,
-                                                                         block_kv, True, kernels, tuning)
+                                                                         block_kv, token, True, kernels, tuning)
     ops._backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, True, smooth_q, block_q,
-                       block_kv, kernels, tuning)
+                       block_kv, token, kernels, tuning)
     return tuning.recorded
 
 

@@ -22,6 +22,11 @@ last-bit difference (tensor-core summation order of dP in the two orientations) 
 an INT8 value. No atomics: every
 output element is written by one program in a fixed order, so reruns are bit-identical.
 Extra memory: 4 fp32 per (q block, kv tile), N^2 / (block_q * block_kv) * 16 bytes per head.
+
+TOKEN (the "token" contract) needs no tile scales, so the two kernels do not depend on each
+other: the dQ kernel quantises X = dS * s_K with one scale per q row of each tile (a row max),
+the dK/dV kernel P^T and Y^T = dS^T * s_Q with one scale per kv row of each q block (one slice
+per q block, so a row max there too). S's scale is a row vector times a column vector.
 """
 from __future__ import annotations
 
@@ -62,15 +67,21 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
               K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
               stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
-              SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr):
+              SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr, TOKEN: tl.constexpr):
+    """q_scale: the q block's scale, or with TOKEN its rows' (a vector)."""
     offs_d = tl.arange(0, HEAD_DIM)
     slot = tl.arange(0, 4)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         j = start_n // BLOCK_N
-        k_scale = tl.load(SK_bh + j)
         k8 = tl.load(K8_bh + offs_n[:, None] * HEAD_DIM + offs_d[None, :])
-        s = int_to_float(tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)) * ((q_scale * k_scale) * qk_const)
+        if TOKEN:
+            k_scale = tl.load(SK_bh + offs_n)
+            s = (int_to_float(tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)) * k_scale[None, :]
+                 * (q_scale * qk_const)[:, None])
+        else:
+            k_scale = tl.load(SK_bh + j)
+            s = int_to_float(tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)) * ((q_scale * k_scale) * qk_const)
         if SMOOTH_Q:
             bias = smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kfn, stride_kfd, SMOOTH_K)
             s += (bias * qk_const)[None, :]
@@ -80,18 +91,25 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
         v = tl.load(V_bh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
         dp = _dot16(do, tl.trans(v), DOT_F32)
         ds = p * (dp - delta[:, None])
-        # Both tile maxima in one cross-warp reduction. P >= 0 orders like its bits as integers,
-        # whose max takes two elements per instruction (VIMNMX3; FMNMX takes one).
-        p_bits, ds_amax = tl.reduce((tl.max(p.to(tl.int32, bitcast=True), axis=1), tl.max(tl.abs(ds), axis=1)), 0,
-                                    _max_pair)
-        p_amax = p_bits.to(tl.float32, bitcast=True)
-        p_scale, p_inv = tile_scales(p_amax, HEAD_DIM > 64)   # as dq_hopper's (bit-identical)
-        ds_scale, ds_inv = tile_scales(ds_amax, HEAD_DIM > 64)
-        tl.store(TS_q + j * TS_step + slot,
-                 tl.where(slot == 0, p_scale, tl.where(slot == 1, p_inv, tl.where(slot == 2, ds_scale, ds_inv))))
-        ds8 = to_k_order(round_scaled_to_int8(ds, ds_inv))   # own amax: in range; K^T in k order
+        if TOKEN:   # X = dS s_K, one scale per row: K^'s scale runs along this product's sum
+            x = ds * k_scale[None, :]
+            x_scale, x_inv = tile_scales(tl.max(tl.abs(x), axis=1), False)
+            ds8 = to_k_order(round_scaled_to_int8(x, x_inv[:, None]))
+            dq_scale = x_scale[:, None]
+        else:
+            # Both tile maxima in one cross-warp reduction. P >= 0 orders like its bits as integers,
+            # whose max takes two elements per instruction (VIMNMX3; FMNMX takes one).
+            p_bits, ds_amax = tl.reduce((tl.max(p.to(tl.int32, bitcast=True), axis=1),
+                                         tl.max(tl.abs(ds), axis=1)), 0, _max_pair)
+            p_amax = p_bits.to(tl.float32, bitcast=True)
+            p_scale, p_inv = tile_scales(p_amax, HEAD_DIM > 64)   # as dq_hopper's (bit-identical)
+            ds_scale, ds_inv = tile_scales(ds_amax, HEAD_DIM > 64)
+            tl.store(TS_q + j * TS_step + slot,
+                     tl.where(slot == 0, p_scale, tl.where(slot == 1, p_inv, tl.where(slot == 2, ds_scale, ds_inv))))
+            ds8 = to_k_order(round_scaled_to_int8(ds, ds_inv))   # own amax: in range; K^T in k order
+            dq_scale = ds_scale * k_scale
         k8_cols = tl.trans(tl.load(K8T_bh + offs_d[:, None] * N + offs_n[None, :]))
-        dq += int_to_float(tl.dot(ds8, k8_cols, out_dtype=tl.int32)) * (ds_scale * k_scale)
+        dq += int_to_float(tl.dot(ds8, k8_cols, out_dtype=tl.int32)) * dq_scale
     return dq
 
 
@@ -104,7 +122,7 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
                sm_scale, H, N,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr,
-               DOT_F32: tl.constexpr):
+               DOT_F32: tl.constexpr, TOKEN: tl.constexpr):
     """BLOCK_M = block_q, BLOCK_N = block_kv: each iteration is exactly one quantisation tile."""
     # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -116,13 +134,17 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
     offs_d = tl.arange(0, HEAD_DIM)
     seq_base = bh.to(tl.int64) * N * HEAD_DIM
     q8 = tl.load(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
-    q_scale = tl.load(SQ + bh * (N // BLOCK_M) + pid_m)
+    if TOKEN:
+        q_scale = tl.load(SQ + bh * N + offs_m)
+        SK_bh = SK + bh * N
+    else:
+        q_scale = tl.load(SQ + bh * (N // BLOCK_M) + pid_m)
+        SK_bh = SK + bh * (N // BLOCK_N)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
     lse = tl.load(LSE2 + bh * N + offs_m)
     delta = tl.load(DELTA + bh * N + offs_m)
     K8_bh = K8 + seq_base
     K8T_bh = K8T + seq_base
-    SK_bh = SK + bh * (N // BLOCK_N)
     V_bh = V + b * stride_vb + h * stride_vh
     KF_bh = KF + b * stride_kfb + h * stride_kfh
     KMEAN_bh = KMEAN + bh * HEAD_DIM
@@ -139,16 +161,16 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
         dq = _dq_tiles(dq, q8, do, lse, delta, offs_m, 0, diag_lo, q_scale,
                        K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
-                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32)
+                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32, TOKEN)
         dq = _dq_tiles(dq, q8, do, lse, delta, offs_m, diag_lo, diag_hi, q_scale,
                        K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
-                       BLOCK_N, HEAD_DIM, True, SMOOTH_Q, SMOOTH_K, DOT_F32)
+                       BLOCK_N, HEAD_DIM, True, SMOOTH_Q, SMOOTH_K, DOT_F32, TOKEN)
     else:
         dq = _dq_tiles(dq, q8, do, lse, delta, offs_m, 0, N, q_scale,
                        K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
-                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32)
+                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32, TOKEN)
     tl.store(DQ + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gn + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty))
 
@@ -159,7 +181,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                 stride_don, stride_dod, qk_const, N,
                 BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
                 SPLIT_D: tl.constexpr, CHAIN: tl.constexpr, MASKED: tl.constexpr, SMOOTH_Q: tl.constexpr,
-                DOT_F32: tl.constexpr, PASS: tl.constexpr):
+                DOT_F32: tl.constexpr, PASS: tl.constexpr, TOKEN: tl.constexpr):
     """Loop over the q blocks in [lo, hi), each in Q_BLOCK / BLOCK_M slices.
 
     PASS: BOTH computes dK and dV; DV_ONLY / DK_ONLY one of them (two launches that each
@@ -172,7 +194,11 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
     accumulates the slices of a block in int32 on the tensor cores and converts once per block.
     SPLIT_D = 2 keeps dK, dV as column halves (_a, _b), so that the int32 temporary of a dot is
     half as large beside two 128 x 128 fp32 accumulators.
+
+    TOKEN: k_scale and the q scales are per token; P^T and Y^T = dS^T s_Q get one scale per kv
+    row of each q block, measured here (a row max), so a slice is a whole q block (no CHAIN).
     """
+    tl.static_assert(not (TOKEN and (CHAIN or BLOCK_M != Q_BLOCK)), "TOKEN takes whole q blocks per slice")
     DH: tl.constexpr = HEAD_DIM // SPLIT_D
     # CHAIN: one iteration per q block, its slices unrolled; else one iteration per slice
     # (unrolling then only deepens the software pipeline's shared-memory stages).
@@ -181,13 +207,17 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
     offs_h = tl.arange(0, DH)
     for start_i in range(lo, hi, STEP):
         i = start_i // Q_BLOCK            # the q quantisation block
-        q_scale = tl.load(SQ_bh + i)
-        ts = TS_cols + i * 4
-        dv_scale = (tl.load(ts) * tl.load(SDO_bh + i))[:, None]
-        p_inv = tl.load(ts + 1)[:, None]
-        dk_scale = (tl.load(ts + 2) * q_scale)[:, None]
-        ds_kq = (tl.load(ts + 3) * (1.0 / DS_SPAN))[:, None]   # see saturated_ds_to_int8
-        qk_scale = ((q_scale * k_scale) * qk_const)[:, None]
+        if TOKEN:
+            do_scale = tl.load(SDO_bh + i)
+            qk_scale = (k_scale * qk_const)[:, None]
+        else:
+            q_scale = tl.load(SQ_bh + i)
+            ts = TS_cols + i * 4
+            dv_scale = (tl.load(ts) * tl.load(SDO_bh + i))[:, None]
+            p_inv = tl.load(ts + 1)[:, None]
+            dk_scale = (tl.load(ts + 2) * q_scale)[:, None]
+            ds_kq = (tl.load(ts + 3) * (1.0 / DS_SPAN))[:, None]   # see saturated_ds_to_int8
+            qk_scale = ((q_scale * k_scale) * qk_const)[:, None]
         if SMOOTH_Q:
             mu = tl.load(MU_bh + i * HEAD_DIM + offs_d)
             bias = (tl.sum(ksm * mu[None, :], axis=1) * qk_const)[:, None]
@@ -200,6 +230,9 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             offs_m = start_i + sub * BLOCK_M + tl.arange(0, BLOCK_M)
             q8 = tl.load(Q8_bh + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
             s_t = int_to_float(tl.dot(k8, tl.trans(q8), out_dtype=tl.int32)) * qk_scale
+            if TOKEN:
+                q_scale = tl.load(SQ_bh + offs_m)[None, :]
+                s_t = s_t * q_scale
             if SMOOTH_Q:
                 s_t += bias
             p_t = tl.math.exp2(s_t - tl.load(LSE2_bh + offs_m)[None, :])
@@ -210,6 +243,10 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             # amax that would round past 127. dS saturates instead: dP's two orientations sum in
             # different orders, and where dP - delta cancels, that difference is all of dS.
             if PASS != DK_ONLY:
+                if TOKEN:
+                    p_scale, p_inv = tile_scales(tl.max(p_t, axis=1), False)
+                    p_inv = p_inv[:, None]
+                    dv_scale = (p_scale * do_scale)[:, None]
                 p8_t = to_k_order(round_scaled_to_int8(p_t, p_inv))
                 if CHAIN:
                     do8 = tl.trans(tl.load(DO8T_bh + offs_d[:, None] * N + offs_m[None, :]))
@@ -224,7 +261,13 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                 do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
                 dp_t = _dot16(v, tl.trans(do), DOT_F32)
                 delta = tl.load(DELTA_bh + offs_m)[None, :]
-                ds8_t = to_k_order(saturated_ds_to_int8(p_t, dp_t, delta * ds_kq, ds_kq))
+                if TOKEN:   # Y^T = dS^T s_Q, one scale per row: Q^'s scale runs along this product's sum
+                    y_t = p_t * (dp_t - delta) * q_scale
+                    y_scale, y_inv = tile_scales(tl.max(tl.abs(y_t), axis=1), False)
+                    ds8_t = to_k_order(round_scaled_to_int8(y_t, y_inv[:, None]))
+                    dk_scale = y_scale[:, None]
+                else:
+                    ds8_t = to_k_order(saturated_ds_to_int8(p_t, dp_t, delta * ds_kq, ds_kq))
                 if CHAIN:
                     q8_cols = tl.trans(tl.load(Q8T_bh + offs_d[:, None] * N + offs_m[None, :]))
                     dk_int = tl.dot(ds8_t, q8_cols, dk_int, out_dtype=tl.int32)
@@ -256,7 +299,8 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
                  sm_scale, H, N,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr,
                  HEAD_DIM: tl.constexpr, SPLIT_D: tl.constexpr, CHAIN: tl.constexpr, CAUSAL: tl.constexpr,
-                 SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr, PASS: tl.constexpr):
+                 SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr, PASS: tl.constexpr,
+                 TOKEN: tl.constexpr):
     """BLOCK_N kv rows (BLOCK_N / KV_BLOCK kv tiles) per program; q in BLOCK_M slices (BLOCK_M | Q_BLOCK).
     PASS: which of dK, dV this launch computes (BOTH, DV_ONLY, DK_ONLY)."""
     pid_n = tl.program_id(0)   # causal: kv block 0 sees the most queries and runs first
@@ -269,7 +313,12 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
     seq_base = bh.to(tl.int64) * N * HEAD_DIM
     k8 = tl.load(K8 + seq_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :])
     v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
-    k_scale = tl.load(SK + bh * (N // KV_BLOCK) + offs_n // KV_BLOCK)
+    if TOKEN:
+        k_scale = tl.load(SK + bh * N + offs_n)
+        SQ_bh = SQ + bh * N
+    else:
+        k_scale = tl.load(SK + bh * (N // KV_BLOCK) + offs_n // KV_BLOCK)
+        SQ_bh = SQ + bh * (N // Q_BLOCK)
     if SMOOTH_Q:
         ksm = tl.load(KF + b * stride_kfb + h * stride_kfh
                       + offs_n[:, None] * stride_kfn + offs_d[None, :] * stride_kfd).to(tl.float32)
@@ -279,7 +328,6 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
         ksm = 0.0
     Q8_bh = Q8 + seq_base
     Q8T_bh = Q8T + seq_base
-    SQ_bh = SQ + bh * (N // Q_BLOCK)
     DO_bh = DO + b * stride_dob + h * stride_doh
     DO8T_bh = DO8T + seq_base
     SDO_bh = SDO + bh * (N // Q_BLOCK)
@@ -306,18 +354,18 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, mask_hi,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
-            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, True, SMOOTH_Q, DOT_F32, PASS)
+            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, True, SMOOTH_Q, DOT_F32, PASS, TOKEN)
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, mask_hi, N,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
-            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS)
+            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS, TOKEN)
     else:
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, 0, N,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
             stride_don, stride_dod, qk_const, N,
-            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS)
+            BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS, TOKEN)
     offs_h = tl.arange(0, DH)
     out = b * stride_gb + h * stride_gh + offs_n[:, None] * stride_gn + offs_h[None, :]
     if PASS != DV_ONLY:
@@ -331,7 +379,7 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
 
 
 def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int,
-                override: dict | None = None) -> tuple[int, int, int, bool, bool]:
+                token: bool = False, override: dict | None = None) -> tuple[int, int, int, bool, bool]:
     """(BLOCK_N kv rows per program, BLOCK_M q rows per slice, SPLIT_D, CHAIN, SEPARATE) of the
     dK/dV kernel; SEPARATE runs dV and dK as two launches (PASS = DV_ONLY, then DK_ONLY).
     `override`: a tool's choice of any of rows, cols, split_d, chain, separate (Tuning.overrides).
@@ -339,18 +387,19 @@ def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int,
     Rows come in warpgroups of 64 (wgmma M = 64), so no dot runs twice. Best of the H200 sweeps
     (docs/kernel-notes.md): a whole q block (up to 128 rows) per loop step, so each INT8 dot
     result is converted once per block; d=64 on one warpgroup of 64 kv rows, two programs per
-    SM; d=128 on two warpgroups of 128 kv rows, dV and dK as two launches.
+    SM; d=128 on two warpgroups of 128 kv rows, dV and dK as two launches. token: a slice is a
+    whole q block (its row maxima run over the block).
     """
     override = override or {}
     # d=64: 64 kv rows on one warpgroup, two programs per SM (-2.4% bwd against 128 rows)
     rows = override.get("rows", 64 if head_dim <= 64 else 128)
     rows = rows if rows % block_kv == 0 and n % rows == 0 else block_kv
     # whole q blocks (at d=64: -3.5% bwd against 64-row slices chained in int32)
-    cols = min(override.get("cols", 128), block_q)
+    cols = block_q if token else min(override.get("cols", 128), block_q)
     split = override.get("split_d", 2 if head_dim >= 128 and rows >= 128 else 1)
     # Slices of a larger q block share its scales: chain them in int32 on the tensor cores
     # (int32 accumulators beside the fp32 ones fit in registers only for head_dim 64).
-    chain = bool(override.get("chain", head_dim <= 64 and cols < block_q)) and split == 1
+    chain = bool(override.get("chain", head_dim <= 64 and cols < block_q)) and split == 1 and not token
     # d=128: dV and dK as two launches, each with half the accumulators: no spills (-11% bwd,
     # though S and P are computed twice); at d=64 the second S/P costs more (+7-16%)
     separate = bool(override.get("separate", head_dim >= 128 and rows >= 128 and not chain))
@@ -401,6 +450,7 @@ class BackwardCall:
     k_mean: torch.Tensor | None
     block_q: int
     block_kv: int
+    token: bool      # the "token" contract: s_q, s_k per token, no tile scales
 
 
 def _triton_args(c: BackwardCall) -> tuple:
@@ -412,7 +462,8 @@ def _triton_args(c: BackwardCall) -> tuple:
     mu = c.mu_q if smooth_q else c.s_q
     k_mean = c.k_mean if (smooth_q and c.smooth_k) else c.s_q
     strides = (*c.v.stride(), *c.do.stride(), *kf.stride(), *c.dq.stride()[:3])   # dk, dv: dq's
-    flags = dict(HEAD_DIM=d, CAUSAL=c.causal, SMOOTH_Q=smooth_q, SMOOTH_K=c.smooth_k, DOT_F32=interpreting())
+    flags = dict(HEAD_DIM=d, CAUSAL=c.causal, SMOOTH_Q=smooth_q, SMOOTH_K=c.smooth_k, DOT_F32=interpreting(),
+                 TOKEN=c.token)
     return (mu, kf, k_mean, *strides, 1.0 / math.sqrt(d), h, n), flags
 
 
@@ -431,7 +482,7 @@ def run_dkdv(c: BackwardCall, tuning: Tuning | None = None) -> None:
     b, h, n, d = c.q8.shape
     tail, flags = _triton_args(c)
     rows, cols, split_d, chain, separate = dkdv_blocks(n, c.block_q, c.block_kv, d,
-                                                       overrides(tuning).get("dkdv_blocks"))
+                                                       c.token, overrides(tuning).get("dkdv_blocks"))
     step = c.block_q if chain else cols
     # Per pass: (launch name, shared-memory bytes a pipeline stage loads for one loop step).
     # BOTH: Q^ in both layouts, dO^ and dO; DV_ONLY: Q^ and dO^; DK_ONLY: both Q^ and dO.
@@ -453,8 +504,9 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
              layout_of=None, kernels: str = "default", quant: str = "block", tuning: Tuning | None = None):
     """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype), all three in layout_of's memory
     order (contiguous without it; _common.empty_in_layout_of). do and v may have any strides;
-    lse2 is the forward's LSE times log2(e) (backward_preprocess writes it). The dQ and the dK/dV
-    kernels are the registry's for this device and `kernels` (one of them may compute all three)."""
+    lse2 is the forward's LSE times log2(e) (backward_preprocess writes it). quant: the contract
+    ("token": s_q, s_k per token). The dQ and the dK/dV kernels are the registry's for this device,
+    contract and `kernels` (one of them may compute all three)."""
     b, h, n, d = q8.shape
     dq = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype or v.dtype)
     dk = torch.empty_like(dq)
@@ -464,11 +516,12 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
     dq_kernel, dkdv_kernel = (registry.resolve(arch, d, p, quant, kernels, **shape) for p in ("dq", "dkdv"))
     one_kernel = (dq_kernel.run, dq_kernel.params) == (dkdv_kernel.run, dkdv_kernel.params)
     # Zeros: causal dK/dV slices may touch tiles wholly above the diagonal, which the dQ kernel
-    # skips; zero scales make them contribute 0.
-    tile_scales = None if one_kernel else torch.zeros(b * h, n // block_kv, n // block_q, 4, device=q8.device,
-                                                      dtype=torch.float32)
+    # skips; zero scales make them contribute 0. The "token" contract has none (a placeholder).
+    token = quant == "token"
+    tile_scales = None if one_kernel else s_q if token else torch.zeros(
+        b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32)
     call = BackwardCall(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, tile_scales, causal,
-                        smooth_k, mu_q, k, k_mean, block_q, block_kv)
+                        smooth_k, mu_q, k, k_mean, block_q, block_kv, token)
     registry.load(dq_kernel)(call, tuning)   # first: it writes the tile scales
     if not one_kernel:
         registry.load(dkdv_kernel)(call, tuning)

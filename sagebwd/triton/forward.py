@@ -5,6 +5,8 @@ rows of K/V, so each kv tile is one quantisation block. S = int(Q^ K^T) * s_Q * 
 kept in log2 units (log2(e) folded into the scale, so exponentials are exp2). Per kv tile j:
 t = rowmax(S_j); P^ = round(127 * exp(S_j - t)) is the paper's per-token quantisation (it does
 not depend on the running max m), and the online softmax weights the tile by w = exp(t - m).
+TOKEN (the "token" contract): s_Q and s_K are per token, so the scale of S is a row vector
+times a column vector, and t is a float row max.
 """
 from __future__ import annotations
 
@@ -37,18 +39,22 @@ def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
                    K8_bh, V8T_bh, SK_bh, SV_bh, KF_bh, KMEAN_bh, MU_blk, stride_kn, stride_kd,
                    bias_scale, N,
                    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
-                   SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr):
+                   SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, TOKEN: tl.constexpr):
+    """q_scale: the block's scale times sm_scale * log2(e), or with TOKEN the rows' (a vector)."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         j = start_n // BLOCK_N
         k8 = tl.load(K8_bh + offs_n[:, None] * HEAD_DIM + offs_d[None, :])
         x = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)
-        scale = q_scale * tl.load(SK_bh + j)
-        if SMOOTH_Q:
-            s = int_to_float(x) * scale
-            bias = smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kn, stride_kd, SMOOTH_K)
-            s += (bias * bias_scale)[None, :]
+        if SMOOTH_Q or TOKEN:
+            if TOKEN:
+                s = int_to_float(x) * tl.load(SK_bh + offs_n)[None, :] * q_scale[:, None]
+            else:
+                s = int_to_float(x) * (q_scale * tl.load(SK_bh + j))
+            if SMOOTH_Q:
+                bias = smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kn, stride_kd, SMOOTH_K)
+                s += (bias * bias_scale)[None, :]
             if MASKED:
                 s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
             t = tl.max(s, axis=1)                          # tile row max; -inf if the row is fully masked
@@ -57,6 +63,7 @@ def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
         else:
             # S = x * scale with scale > 0, so the row max of the integers gives t exactly, and
             # S - t is one fma per element (no separate product, no float max).
+            scale = q_scale * tl.load(SK_bh + j)
             if MASKED:
                 x = tl.where(offs_m[:, None] >= offs_n[None, :], x, MASKED_INT)
             t_int = tl.max(x, axis=1)
@@ -85,7 +92,7 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
                     stride_kfb, stride_kfh, stride_kfn, stride_kfd, stride_ob, stride_oh, stride_on,
                     sm_scale, H, N,
                     BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr):
+                    CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, TOKEN: tl.constexpr):
     # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -96,10 +103,14 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
     q8 = tl.load(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
     # A program may hold part of a q quantisation block (BLOCK_M <= Q_BLOCK): fewer registers, more programs per SM.
     q_blk = start_m // Q_BLOCK
-    q_scale = tl.load(SQ + bh * (N // Q_BLOCK) + q_blk) * (sm_scale * LOG2E)
+    if TOKEN:
+        q_scale = tl.load(SQ + bh * N + offs_m) * (sm_scale * LOG2E)
+        SK_bh = SK + bh * N
+    else:
+        q_scale = tl.load(SQ + bh * (N // Q_BLOCK) + q_blk) * (sm_scale * LOG2E)
+        SK_bh = SK + bh * (N // BLOCK_N)
     K8_bh = K8 + seq_base
     V8T_bh = V8T + seq_base
-    SK_bh = SK + bh * (N // BLOCK_N)
     SV_bh = SV + bh * (N // BLOCK_N)
     KF_bh = KF + (bh // H).to(tl.int64) * stride_kfb + (bh % H).to(tl.int64) * stride_kfh
     KMEAN_bh = KMEAN + bh * HEAD_DIM
@@ -116,16 +127,16 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
         acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, 0, diag_lo,
                                        K8_bh, V8T_bh, SK_bh, SV_bh, KF_bh, KMEAN_bh, MU_blk,
                                        stride_kfn, stride_kfd, bias_scale, N,
-                                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K)
+                                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, TOKEN)
         acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, diag_lo, diag_hi,
                                        K8_bh, V8T_bh, SK_bh, SV_bh, KF_bh, KMEAN_bh, MU_blk,
                                        stride_kfn, stride_kfd, bias_scale, N,
-                                       BLOCK_N, HEAD_DIM, True, SMOOTH_Q, SMOOTH_K)
+                                       BLOCK_N, HEAD_DIM, True, SMOOTH_Q, SMOOTH_K, TOKEN)
     else:
         acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, 0, N,
                                        K8_bh, V8T_bh, SK_bh, SV_bh, KF_bh, KMEAN_bh, MU_blk,
                                        stride_kfn, stride_kfd, bias_scale, N,
-                                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K)
+                                       BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, TOKEN)
     o = acc * (1.0 / l_i)[:, None]
     O_bh = O + (bh // H).to(tl.int64) * stride_ob + (bh % H).to(tl.int64) * stride_oh
     tl.store(O_bh + offs_m[:, None] * stride_on + offs_d[None, :], o.to(O.dtype.element_ty))
@@ -151,8 +162,8 @@ def _launch_settings(rows: int, head_dim: int, tuning: Tuning | None) -> dict:
 
 
 def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, mu_q, k, k_mean, block_q: int,
-        block_kv: int, layout_of, tuning: Tuning | None = None):
-    """The Triton forward kernel (registry: forward "triton"): (O, LSE), as forward() says."""
+        block_kv: int, layout_of, quant: str = "block", tuning: Tuning | None = None):
+    """The Triton forward kernel (registry: forward "triton", both contracts): (O, LSE), as forward() says."""
     b, h, n, d = q8.shape
     smooth_q = mu_q is not None
     o = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype)
@@ -164,7 +175,8 @@ def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, 
         mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,
         *kf.stride(), *o.stride()[:3], 1.0 / math.sqrt(d), h, n,
         BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=block_kv, HEAD_DIM=d, CAUSAL=causal,
-        SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, **_launch_settings(rows, d, tuning), tuning=tuning)
+        SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=quant == "token", **_launch_settings(rows, d, tuning),
+        tuning=tuning)
     return o, lse
 
 
@@ -176,11 +188,12 @@ def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bo
     registry's forward kernel for this device and `kernels`.
 
     mu_q (B,H,N/block_q,D), k (the unquantised K, any strides) and k_mean (B*H,D) are needed
-    only with Q-smoothing (mu_q not None), for the bias mu_i . K_sm^T.
+    only with Q-smoothing (mu_q not None), for the bias mu_i . K_sm^T. quant: the contract; with
+    "token", s_q and s_k are per token (B,H,N).
     """
     arch = arch_for(q8.device, tuning)
     kernel = registry.resolve(arch, q8.shape[-1], "forward", quant, kernels, block_q=block_q, block_kv=block_kv,
                               smooth_q=mu_q is not None, seq=q8.shape[2])
     return registry.load(kernel)(q8, k8, v8t, s_q, s_k, s_v, out_dtype=out_dtype, causal=causal, smooth_k=smooth_k,
                                  mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv,
-                                 layout_of=layout_of, tuning=tuning)
+                                 layout_of=layout_of, quant=quant, tuning=tuning)

@@ -7,7 +7,8 @@ Layouts written (all contiguous, int8 unless said):
         (contiguous along the reduction); any other layout costs a transpose per tile.
         Its sequence positions are in k order within each 16 (_common.to_k_order), so that the
         kernels hand P^ and dS^ from the accumulator to the dot without lane shuffles.
-  scale (B, H, N / block) fp32, one per block of rows.
+  scale (B, H, N / block) fp32, one per block of rows; with TOKEN (the "token" contract's Q and
+        K) (B, H, N), one per row.
 """
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from .launch import Tuning, launch
 @triton.jit
 def _quantize_tile(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, stride_n, stride_d, H, N, tile, bh,
                    TILE: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SUBTRACT_MEAN: tl.constexpr,
-                   SMOOTH_BLOCK: tl.constexpr, WRITE_ROWS: tl.constexpr, WRITE_COLS: tl.constexpr):
+                   SMOOTH_BLOCK: tl.constexpr, WRITE_ROWS: tl.constexpr, WRITE_COLS: tl.constexpr,
+                   TOKEN: tl.constexpr = False):
     """Quantise rows tile*TILE .. of X[b, h] (after optional smoothing): TILE / BLOCK blocks, each
     with its own scale (one launch can then quantise tensors of different blocks in tiles of one
-    size: quantize_qkv)."""
+    size: quantize_qkv), or with TOKEN one scale per row."""
     S: tl.constexpr = TILE // BLOCK
     offs_n = tile * TILE + tl.arange(0, TILE)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -38,11 +40,16 @@ def _quantize_tile(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, s
         mu = tl.sum(x, axis=0) * (1.0 / BLOCK)   # BLOCK is a power of two: exact division
         tl.store(BLOCK_MEAN + (bh * (N // BLOCK) + tile) * HEAD_DIM + offs_d, mu)
         x -= mu[None, :]
-    x3 = tl.reshape(x, [S, BLOCK, HEAD_DIM])
-    amax = tl.max(tl.max(tl.abs(x3), axis=2), axis=1)
-    scale, inv = block_scales(amax)
-    x8 = tl.reshape(round_to_int8(mul_rn(x3, inv[:, None, None])), [TILE, HEAD_DIM])
-    tl.store(SCALE + bh * (N // BLOCK) + tile * S + tl.arange(0, S), scale)
+    if TOKEN:
+        scale, inv = block_scales(tl.max(tl.abs(x), axis=1))
+        x8 = round_to_int8(mul_rn(x, inv[:, None]))
+        tl.store(SCALE + bh * N + offs_n, scale)
+    else:
+        x3 = tl.reshape(x, [S, BLOCK, HEAD_DIM])
+        amax = tl.max(tl.max(tl.abs(x3), axis=2), axis=1)
+        scale, inv = block_scales(amax)
+        x8 = tl.reshape(round_to_int8(mul_rn(x3, inv[:, None, None])), [TILE, HEAD_DIM])
+        tl.store(SCALE + bh * (N // BLOCK) + tile * S + tl.arange(0, S), scale)
     out = bh.to(tl.int64) * N * HEAD_DIM
     if WRITE_ROWS:
         tl.store(ROWS + out + offs_n[:, None] * HEAD_DIM + offs_d[None, :], x8)
@@ -55,10 +62,10 @@ def _quantize_blocks_kernel(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN,
                             stride_b, stride_h, stride_n, stride_d, H, N,
                             BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
                             SUBTRACT_MEAN: tl.constexpr, SMOOTH_BLOCK: tl.constexpr,
-                            WRITE_ROWS: tl.constexpr, WRITE_COLS: tl.constexpr):
+                            WRITE_ROWS: tl.constexpr, WRITE_COLS: tl.constexpr, TOKEN: tl.constexpr):
     _quantize_tile(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, stride_n, stride_d, H, N,
                    tl.program_id(0), tl.program_id(1), BLOCK, BLOCK, HEAD_DIM, SUBTRACT_MEAN, SMOOTH_BLOCK,
-                   WRITE_ROWS, WRITE_COLS)
+                   WRITE_ROWS, WRITE_COLS, TOKEN)
 
 
 @triton.jit
@@ -66,19 +73,20 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
                          stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                          stride_vb, stride_vh, stride_vn, stride_vd, H, N,
                          TILE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         SMOOTH_K: tl.constexpr, SMOOTH_Q: tl.constexpr, COLS: tl.constexpr):
+                         SMOOTH_K: tl.constexpr, SMOOTH_Q: tl.constexpr, COLS: tl.constexpr,
+                         TOKEN: tl.constexpr):
     """The forward's three quantisations in one launch (program_id(2): Q, K, V), every program a
     tile of TILE rows: Q^ in rows (and cols for the backward), K^ likewise after K-smoothing, V^
-    in cols only."""
+    in cols only. TOKEN: Q and K with one scale per token (V keeps its blocks)."""
     tile = tl.program_id(0)
     bh = tl.program_id(1)
     which = tl.program_id(2)
     if which == 0:   # Q-smoothing's block mean needs TILE == BLOCK_Q (quantize_qkv)
         _quantize_tile(Q, SQ, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N,
-                       tile, bh, TILE, BLOCK_Q, HEAD_DIM, False, SMOOTH_Q, True, COLS)
+                       tile, bh, TILE, BLOCK_Q, HEAD_DIM, False, SMOOTH_Q, True, COLS, TOKEN)
     elif which == 1:
         _quantize_tile(K, K_MEAN, K_ROWS, K_COLS, SK, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N,
-                       tile, bh, TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, False, True, COLS)
+                       tile, bh, TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, False, True, COLS, TOKEN)
     else:
         _quantize_tile(V, SV, SV, V_COLS, SV, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N,
                        tile, bh, TILE, BLOCK_KV, HEAD_DIM, False, False, False, True)
@@ -125,35 +133,39 @@ def sequence_mean(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = None,
-                    smooth_block: bool = False, rows: bool = True, cols: bool = False, tuning: Tuning | None = None):
+                    smooth_block: bool = False, rows: bool = True, cols: bool = False, token: bool = False,
+                    tuning: Tuning | None = None):
     """Per-block INT8 of x (B, H, N, D), any strides, after optional smoothing.
 
     mean: (B*H, D) fp32 subtracted from every row first (K-smoothing).
     smooth_block: subtract each block's own row mean (Q-smoothing); returned as (B, H, N/block, D).
-    Returns (rows int8 (B,H,N,D) or None, cols int8 (B,H,D,N) in k order or None, scale (B,H,N/block),
-    block_mean or None).
+    token: one scale per row instead of per block (the "token" contract's Q and K).
+    Returns (rows int8 (B,H,N,D) or None, cols int8 (B,H,D,N) in k order or None, scale (B,H,N/block)
+    or (B,H,N) with token, block_mean or None).
     """
     b, h, n, d = x.shape
     assert n % block == 0, f"sequence length {n} is not a multiple of the block {block}"
     dev = x.device
     out_rows = torch.empty(b, h, n, d, device=dev, dtype=torch.int8) if rows else None
     out_cols = torch.empty(b, h, d, n, device=dev, dtype=torch.int8) if cols else None
-    scale = torch.empty(b, h, n // block, device=dev, dtype=torch.float32)
+    scale = torch.empty(b, h, n if token else n // block, device=dev, dtype=torch.float32)
     block_mean = torch.empty(b, h, n // block, d, device=dev, dtype=torch.float32) if smooth_block else None
     dummy = scale  # never dereferenced: the matching constexpr flag is off
     launch("quantize", _quantize_blocks_kernel, (n // block, b * h),
         x, mean if mean is not None else dummy, out_rows if rows else dummy, out_cols if cols else dummy,
         scale, block_mean if smooth_block else dummy, *x.stride(), h, n,
         BLOCK=block, HEAD_DIM=d, SUBTRACT_MEAN=mean is not None, SMOOTH_BLOCK=smooth_block,
-        WRITE_ROWS=rows, WRITE_COLS=cols, num_warps=_warps(block, d), tuning=tuning)
+        WRITE_ROWS=rows, WRITE_COLS=cols, TOKEN=token, num_warps=_warps(block, d), tuning=tuning)
     return out_rows, out_cols, scale, block_mean
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_kv: int, *,
-                 k_mean: torch.Tensor | None, smooth_q: bool, cols: bool, tuning: Tuning | None = None):
+                 k_mean: torch.Tensor | None, smooth_q: bool, cols: bool, token: bool = False,
+                 tuning: Tuning | None = None):
     """quantize_blocks of q (block_q; Q-smoothing if smooth_q), k (block_kv; minus k_mean if given)
     and v (block_kv, cols only) in one launch: (q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v), the
-    cols of q and k only if `cols` (the backward's operands), else None. Bit-identical to three
+    cols of q and k only if `cols` (the backward's operands), else None; `token`: Q and K with one
+    scale per token, s_q and s_k (B,H,N). Bit-identical to three
     quantize_blocks calls, in one launch instead of three (~50 us of host time each on an H200's
     host). Every program takes a tile of max(block_q, block_kv) rows: with the smaller blocks'
     programs as launched alone (64 rows, 4 warps at d=128), one launch took the register count
@@ -164,8 +176,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     # Every program a tile of the larger block; Q-smoothing's block mean needs its block whole.
     tile = max(block_q, block_kv)
     if smooth_q and block_q < tile:
-        q8, q8t, s_q, mu_q = quantize_blocks(q, block_q, smooth_block=True, cols=cols, tuning=tuning)
-        k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=cols, tuning=tuning)
+        q8, q8t, s_q, mu_q = quantize_blocks(q, block_q, smooth_block=True, cols=cols, token=token, tuning=tuning)
+        k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=cols, token=token, tuning=tuning)
         _, v8t, s_v, _ = quantize_blocks(v, block_kv, rows=False, cols=True, tuning=tuning)
         return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
     dev = q.device
@@ -177,7 +189,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
         return torch.empty(*shape, device=dev, dtype=torch.float32)
     q8, k8, v8t = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n)
     q8t, k8t = (i8(b, h, d, n), i8(b, h, d, n)) if cols else (None, None)
-    s_q, s_k, s_v = f32(b, h, n // block_q), f32(b, h, n // block_kv), f32(b, h, n // block_kv)
+    s_q, s_k = (f32(b, h, n), f32(b, h, n)) if token else (f32(b, h, n // block_q), f32(b, h, n // block_kv))
+    s_v = f32(b, h, n // block_kv)
     mu_q = f32(b, h, n // block_q, d) if smooth_q else None
     dummy = s_q   # never dereferenced: the matching constexpr flag is off
     launch("quantize", _quantize_qkv_kernel, (n // tile, b * h, 3),
@@ -185,7 +198,7 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
         mu_q if smooth_q else dummy, k8, k8t if cols else dummy, s_k, v8t, s_v,
         *q.stride(), *k.stride(), *v.stride(), h, n,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, HEAD_DIM=d, SMOOTH_K=k_mean is not None, SMOOTH_Q=smooth_q,
-        COLS=cols, num_warps=_warps(tile, d), tuning=tuning)
+        COLS=cols, TOKEN=token, num_warps=_warps(tile, d), tuning=tuning)
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
 
 

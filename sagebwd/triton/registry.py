@@ -18,8 +18,9 @@ kernel's fallback runs, down to the Triton kernel, which takes every call. Nothi
 no environment variable, no module state. Experimental kernels (``sagebwd/triton/experimental/``,
 measured slower, never a default) are imported only where a choice names them.
 
-A new quantisation contract adds its rows (``quant``) and its kernels (``KERNELS``); ``select``
-and the printed table take them as they are.
+Each quantisation contract has its rows (``quant``: "block", the paper's; "token", per-token
+scales, run by the Triton kernels with TOKEN); a new contract or kernel adds rows here and entries
+to ``KERNELS``, and ``select`` and the printed table take them as they are.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 ARCHES = {"sm90": "Hopper: H100, H200", "generic": "any other CUDA GPU, and Triton's CPU interpreter"}
 HEAD_DIMS = (64, 128)
 PASSES = ("forward", "dq", "dkdv")
-QUANTS = ("block",)
+QUANTS = ("block", "token")
 SETS = ("default", "triton", "fused")
 
 
@@ -113,6 +114,8 @@ TABLE = {
     ("sm90", 128, "dkdv", "block"): Row("gluon-ws", ("gluon", "triton"),
                                         "Gluon -8..-24%, warp-specialised -5..-12% more"),
     **{("generic", d, p, "block"): Row("triton") for d in HEAD_DIMS for p in PASSES},
+    # the "token" contract: the Triton kernels with TOKEN, on every GPU
+    **{(arch, d, p, "token"): Row("triton") for arch in ARCHES for d in HEAD_DIMS for p in PASSES},
 }
 
 

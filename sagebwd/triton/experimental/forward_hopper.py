@@ -205,10 +205,11 @@ def launch_args(q8, k8, v8t, s_q, s_k, s_v, o, lse, *, causal: bool, block_q: in
 
 
 def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, mu_q, k, k_mean, block_q: int,
-        block_kv: int, layout_of=None, tuning=None):
+        block_kv: int, layout_of=None, quant: str = "block", tuning=None):
     """O (B,H,N,D) in out_dtype (in layout_of's memory order) and LSE (B,H,N) fp32, as forward.forward
     without Q-smoothing (registry: forward "gluon"; smooth_k, mu_q, k, k_mean, block_kv are the
-    Triton forward's arguments, which its limits make unused here)."""
+    Triton forward's arguments, which its limits make unused here; the registry runs it for the
+    "block" contract only)."""
     from .._common import empty_in_layout_of
     from ..launch import launch
     b, h, n, d = q8.shape

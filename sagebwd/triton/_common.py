@@ -96,7 +96,7 @@ def round_scaled_to_int8(x, inv):
 # int8 = round(254 y) - 127, the clamp is the fma's own saturation (ptxas folds the min/max
 # into FFMA.SAT), and with kq = 1 / (254 s_dS) folded into dP - delta, the whole step is three
 # fmas where the plain form took FADD, FMUL, FFMA and two clamps (FMNMX): -1.4 instructions
-# per score element (v25). It differs from round(dS / s_dS) within ~1.5e-5 of a rounding tie
+# per score element. It differs from round(dS / s_dS) within ~1.5e-5 of a rounding tie
 # (y carries 24 bits over [0, 1], a step is 1/254) and on exact ties (the offset 127 is odd):
 # flips of one step in ~1e-5 of the elements, which moved dK from 1.9e-4 to 4.6e-4 of the
 # simulation's (rel. L2, H200 --check; tolerance 5e-3, the INT8 error itself ~4.5e-2). Keeping
@@ -154,7 +154,7 @@ def int_to_float(x):
 
     A plain conversion: on Hopper it is one I2FP, which measured faster than the magic-number
     form (add 0x4B400000, reinterpret, subtract 1.5 * 2**23: two ops, plus MOVs that preset
-    the dot's accumulator): -3% over forward, dQ and dK/dV (docs/kernel-notes.md, v12).
+    the dot's accumulator): -3% over forward, dQ and dK/dV (docs/kernel-notes.md).
     """
     return x.to(tl.float32)
 
@@ -174,7 +174,7 @@ def tile_scales(amax, EXACT_SCALE: tl.constexpr):
     fl(1/127) (1 ulp), or by IEEE division if EXACT_SCALE. These tiles already differ from the
     simulation in their last bits (exp2, tensor-core sums), and the IEEE divisions of
     block_scales take ~8 instructions each with a slow-path check, four per tile: 1.5 of the
-    d=64 dQ kernel's 19 instructions per score element (v27). inv never exceeds 127 / amax by
+    d=64 dQ kernel's 19 instructions per score element. inv never exceeds 127 / amax by
     enough to round amax past 127. EXACT_SCALE is for the d=128 Gluon dQ (dq_hopper), where the
     multiply moved ptxas from 252 registers to 255 and 16 bytes of spills (+2..5%)."""
     if EXACT_SCALE:

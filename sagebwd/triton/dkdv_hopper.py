@@ -1,5 +1,6 @@
-"""dK/dV kernel for Hopper in Gluon, the default on sm_90: backward.py's arithmetic in the same
-order (bit-identical dK, dV), with its memory traffic and waits placed by hand.
+"""dK/dV kernel for Hopper in Gluon (registry: dkdv "gluon"): backward.py's arithmetic in the same
+order (bit-identical dK, dV), with its memory traffic and waits placed by hand. Its per-tile loop
+(_kv_tile, _q_block) is also what the default, dkdv_ws_hopper's warp-specialised kernel, runs.
 
 64 kv rows on one warpgroup, two programs per SM, a whole 128-row q block per loop step, each
 INT8 dot result converted once per block. At d=64 one launch computes dK and dV (backward.py's
@@ -12,8 +13,8 @@ in int32 on the tensor cores (the dK/dV pass at d=64):
     P_b -> issue dV_b (onto dV_a) | dS_b -> issue dK_b (onto dK_a)
     convert dV (while dK_b runs) | convert dK
 
-What made it faster than the Triton kernel (ncu, (8,16,4096,64) causal, H200; docs/kernel-notes.md
-v15-v16) was not the overlap with the tensor cores (wgmma waits were never a large stall) but
+What makes it faster than the Triton kernel (ncu, (8,16,4096,64) causal, H200; docs/kernel-notes.md)
+is not the overlap with the tensor cores (wgmma waits were never a large stall) but
 the loads: the Triton kernel spills at 255 registers and reloads inside its loop, and both
 versions waited on global loads of LSE, delta and the block scales (long scoreboard 0.7 cycles
 per instruction). Here LSE and delta come by TMA with the q block and are read from shared
@@ -28,11 +29,12 @@ INT8 dots without lane shuffles (as_a_operand: Q^T and dO^T are in k order); dS^
 the fma itself (_saturated_ds_bits). Triton kernel -> this one, H200: (8,16,4096,64) causal
 dK/dV 1.55 -> 1.15 ms; (8,8,4096,128) 1.52 -> 1.13 ms causal, 2.68 -> 1.97 ms without a mask.
 
-Since v29 these passes run by default as dkdv_ws_hopper's warp-specialised kernel, which calls
-_q_block (WS) with a producer warp issuing every copy; this kernel is its bit-identical
-reference and runs where it does not apply (WARP_SPECIALISED).
+By default these passes run as dkdv_ws_hopper's warp-specialised kernel, which calls _q_block
+(WS) with a producer warp issuing every copy; this kernel is its bit-identical reference and runs
+where it does not apply (a sequence that is not a multiple of 128). The host side: hopper.py.
 
-Limits (else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no Q-smoothing.
+Limits (registry; else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no
+Q-smoothing.
 """
 from __future__ import annotations
 
@@ -53,13 +55,13 @@ ROWS = 64       # kv rows per program = block_kv
 SLICE = 64      # q rows per slice; a q block (128) is two
 STAGES = 2      # q blocks in flight
 # d=128's dK pass loads Q^, dO, Q^T per block (80 KB per stage): one stage keeps two programs per
-# SM, two would leave one. With each slice refilled as soon as it is done (v18), one stage is the
-# faster at every length measured, causal or not (docs/kernel-notes.md, v17-v18).
+# SM, two would leave one. With each slice refilled as soon as it is done, one stage is the
+# faster at every length measured, causal or not (docs/kernel-notes.md).
 STAGES_DK128 = 1
 # Causal: the d=128 dK pass masks the diagonal q block inside its main loop (a branch taken once)
 # instead of running it peeled before the loop. The peeled copy pushed it to 255 registers with
 # 160 B spilled, and the spill reloads sat in the loop (~25 LDL/STL per block: wgmma descriptors):
-# dV + dK 1.26 -> 1.13 ms at (8,8,4096,128) (v28). The other passes do not spill peeled, and
+# dV + dK 1.26 -> 1.13 ms at (8,8,4096,128). The other passes do not spill peeled, and
 # in-loop masking measured 2-3% slower there.
 DK_DIAG_IN_LOOP = True
 # The dK pass at d=128 refills each slice's buffers as soon as that slice is done (per-slice copies),
@@ -236,7 +238,7 @@ def _stage_scales(sc_smem, blk0, NQ, SQ_bh, SDO_bh, TS_kv, CHUNK: gl.constexpr, 
     """The scales of q blocks blk0 .. blk0 + CHUNK - 1 (those < NQ) into sc_smem [CHUNK, 8], one record per
     block: the dQ kernel's (s_P, 1/s_P, s_dS, 1/s_dS) of this kv tile (contiguous: the tile scales are
     kv-major), s_Q, s_dO. Read per block from shared memory, they are no global load in the loop and
-    nothing carried across blocks in registers (v26: -2..3% at d=64, a wash at d=128)."""
+    nothing carried across blocks in registers (-2..3% at d=64, a wash at d=128)."""
     rows = blk0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, stage_layout))[:, None]
     field = gl.arange(0, 8, layout=gl.SliceLayout(0, stage_layout))[None, :]
     ok = rows < NQ

@@ -1,4 +1,5 @@
-"""dQ kernel for Hopper in Gluon, the default on sm_90 at d=128: backward.py's _dq_kernel
+"""dQ kernel for Hopper in Gluon (registry: dq "gluon-ws", the default on sm_90 at d=128, and its
+reference "gluon"): backward.py's _dq_kernel
 arithmetic in the same order (bit-identical dQ and tile scales), with its loads, waits and
 barriers placed by hand.
 
@@ -23,7 +24,7 @@ per issued instruction) and waits for each dot right after issuing it. Here:
                                       (WS: exchange, then free pair u-1's slot)
             tile 2u+1: issue dQ_{2u}, S, dP | convert dQ_{2u} | P, dS | exchange | scales, dS^
 
-Warp-specialised (WARP_SPECIALISED, the default since v30): the 8 warps above are the default
+Warp-specialised (WS, the default): the 8 warps above are the default
 partition of gl.warp_specialize (240 registers) and a producer warp (24) issues every copy (Q^
 and dO, then each pair into the ring once its slot is free). The 8 warps free pair u-1's slot
 at tile 2u's exchange (_tile_maxima: its barrier by hand, then one arrive), where they would
@@ -31,12 +32,12 @@ have refilled it: the loop loses the refill's CTA barrier and three copies of ~1
 (per pair 1217 -> 1121 instructions, 6 -> 3 barriers, offline). The same kernel with WS off is
 its bit-identical reference.
 
-Measured on an H200 (docs/kernel-notes.md, v19): (8,8,4096,128) dQ 1.00 -> 0.92 ms causal,
-1.80 -> 1.55 ms without a mask; at d=64 it was 8-14% slower than the Triton kernel (191
-registers: one program of 8 warps per SM, where the Triton kernel fits two at 128 registers;
-capped at 128 here it spills), so there the Triton kernel runs. Warp-specialised (v30): 0.863
--> 0.857 ms causal, 1.53 -> 1.49 ms without a mask.
-Limits (else backward.py runs): head_dim 128, block_q 128, block_kv 64, no Q-smoothing.
+Measured on an H200 (docs/kernel-notes.md): (8,8,4096,128) dQ 1.00 -> 0.92 ms causal, 1.80 ->
+1.55 ms without a mask; warp-specialised 0.863 -> 0.857 ms causal, 1.53 -> 1.49 ms without a mask.
+At d=64 it computes the same dQ but is slower than the Triton kernel (0-14%: 191 registers, one
+program of 8 warps per SM, where the Triton kernel fits two at 128 registers; capped at 128 here it
+spills), so the registry lists it at d=128 only. The host side: hopper.py.
+Limits (registry; else backward.py runs): block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations
 

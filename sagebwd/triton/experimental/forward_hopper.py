@@ -1,4 +1,4 @@
-"""Forward kernel for Hopper in Gluon (opt-in: SAGEBWD_GLUON=forward): forward.py's arithmetic,
+"""Forward kernel for Hopper in Gluon (experimental; registry: forward "gluon"): forward.py's arithmetic,
 with the next tile's S = Q^K^T on the tensor cores while this tile's softmax runs.
 
 Triton 3.6 waits for each of forward.py's dots right after issuing it (neither accumulates
@@ -11,7 +11,7 @@ alpha_j + pv_j * c_j is applied one iteration late (alpha and c are carried), in
 order; O differs from forward.py's by one bf16 ulp in 1e-5 to 1e-4 of its elements (the
 compiler contracts differently), the LSE by <= 1e-6.
 
-Measured on an H200 (docs/kernel-notes.md, v14): the overlap cut the cycles between a warp's
+Measured on an H200 (docs/kernel-notes.md): the overlap cut the cycles between a warp's
 instructions from 5.3 to 3.2, but at 16 warps per SM the forward already issues in 74% of
 cycles, so the time moved by -2.5% (d=128 causal) to +5% (d=64 causal): not the default.
 Limits (forward.py runs otherwise): no Q-smoothing bias, 64-row programs with block_kv = 64, so

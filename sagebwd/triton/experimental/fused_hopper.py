@@ -1,7 +1,7 @@
 """The whole d=64 backward in one warp-specialised Gluon kernel for Hopper: dK, dV and dQ from
 one computation of S, P, dP and dS per score element (the paper's Algorithm 2 as written).
-Opt-in (SAGEBWD_GLUON=default,fused, or bench --gluon default,fused): correct, but slower than the default
-two-kernel backward on an H100 (measured below), and its dQ is not bit-reproducible.
+Experimental (registry: dq and dkdv "fused"; kernels="default,fused"): correct, but slower than the
+default two-kernel backward on an H100 (measured below), and its dQ is not bit-reproducible.
 
 The default backward (backward.py's dQ kernel, then dkdv_ws_hopper) computes S, P, dP and dS
 twice: the dQ kernel, one q block per program, measures each (block_q x block_kv) tile's P and dS
@@ -20,7 +20,7 @@ score element in one loop (offline, sass_mix; the causal build 20.9).
       wait dV, convert | issue dQ = dS^ K^ (A = that tile, B = K^T in pair order) | wait dK,
       convert, release the slot | wait dQ, add its fp32 partial into a buffer (red.add.v2.f32)
 
-Measured (H100, (8,16,4096,64) causal, docs/kernel-notes.md v32): 2.77 ms against 1.12 (dQ) +
+Measured (H100, (8,16,4096,64) causal, docs/kernel-notes.md): 2.77 ms against 1.12 (dQ) +
 1.05 (dK/dV) for the two kernels. With the same instructions but no atomic traffic it took 2.07 ms
 (ncu: L2 at 85% of its peak, 4.4 GB of atomics: two 64-row kv tiles per program, each with its
 own dS scale, cannot share one int32 dQ product); without the dQ product at all 1.47 ms: its

@@ -422,11 +422,14 @@ SWEEP = {
 }
 
 
-def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward")) -> list[dict]:
+def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward"), impl: str = "sage") -> list[dict]:
     """Time each kernel's launch settings (and the dK/dV kernel's block shape) at the target shapes.
 
     Each variant changes one kernel; the pass that contains it is timed (bwd for dq/dkdv, fwd
     for the forward). The defaults in sagebwd/triton come from this table (docs/kernel-notes.md).
+    impl: "sage" (the block contract; time it with --kernels triton for the Triton kernels) or
+    "sage-token" (Triton kernels on every GPU; its dK/dV slices are whole q blocks, so the cols
+    of a dkdv variant do not apply there).
     """
     from sagebwd.triton.launch import Tuning
     out = []
@@ -450,11 +453,12 @@ def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward")) -> list[dict]:
                 overrides[kernel] = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
                 mode = "fwd" if kernel == "forward" else "bwd"
                 try:   # the Triton kernels: the settings swept are theirs
-                    r = time_impl("sage", shape, True, mode, Tuning(overrides))
+                    r = time_impl(impl, shape, True, mode, Tuning(overrides))
                 except Exception as err:  # noqa: BLE001  (e.g. out of shared memory)
                     r = {"ms": None, "error": str(err).splitlines()[0][:200]}
-                out.append({"shape": list(shape), "kernel": kernel, "variant": list(variant), "mode": mode, **r})
-                print(f"sweep {tuple(shape)} causal {mode} {kernel} {variant}: {r.get('ms')}", flush=True)
+                out.append({"shape": list(shape), "impl": impl, "kernel": kernel, "variant": list(variant),
+                            "mode": mode, **r})
+                print(f"sweep {impl} {tuple(shape)} causal {mode} {kernel} {variant}: {r.get('ms')}", flush=True)
     return out
 
 
@@ -587,7 +591,9 @@ def main(argv=None) -> int:
         result["bench"] = benchmark(shapes, args.quick, tuple(SAGE_IMPLS[q] for q in args.quant))
     result["kernels"] = kernel_report(tuple(args.quant))
     if args.sweep:
-        result["sweep"] = sweep([(8, 8, 4096, 128), (8, 16, 4096, 64)], tuple(args.sweep_kernels))
+        result["sweep"] = [row for quant in args.quant
+                           for row in sweep([(8, 8, 4096, 128), (8, 16, 4096, 64)], tuple(args.sweep_kernels),
+                                            SAGE_IMPLS[quant])]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

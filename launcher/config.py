@@ -126,17 +126,48 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> "RunConfig":
-        if self.schedule.warmup_steps > self.train.steps:
-            raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) exceeds "
-                             f"train.steps ({self.train.steps}); lower the warmup")
-        from launcher.layout import check_static_layout  # the layout rules live in one module
-
-        check_static_layout(self)
+        problems = cross_section_problems(self)
+        if problems:
+            raise ValueError("\n  ".join(problems))
         return self
 
     def to_dict(self) -> dict[str, Any]:
         """The fully resolved config (presets expanded), as plain YAML-able data."""
         return self.model_dump(mode="json")
+
+
+def cross_section_problems(config: RunConfig) -> list[str]:
+    """Every rule across sections, all at once (also run when other keys failed: see
+    build_run_config)."""
+    problems = []
+    if config.schedule.warmup_steps > config.train.steps:
+        problems.append(f"schedule.warmup_steps ({config.schedule.warmup_steps}) exceeds "
+                        f"train.steps ({config.train.steps}); lower the warmup")
+    from launcher.layout import check_static_layout  # the layout rules live in one module
+
+    try:
+        check_static_layout(config)
+    except ValueError as err:
+        problems.append(str(err))
+    return problems
+
+
+def _cross_section_despite(raw: dict[str, Any]) -> list[str]:
+    """The cross-section problems of a config whose other keys failed validation: each
+    section the rules read is validated on its own, unknown keys dropped (they are reported
+    already); a section that still fails hides the rules that read it."""
+    parts: dict[str, Any] = {}
+    for key in ("model", "train", "schedule", "parallel"):
+        section_type = RunConfig.model_fields[key].annotation
+        given = raw.get(key, {}) if isinstance(raw, dict) else {}
+        if not isinstance(given, dict):
+            return []
+        known = set(section_type.model_fields) | {"preset"}
+        try:
+            parts[key] = section_type.model_validate({k: v for k, v in given.items() if k in known})
+        except ValidationError:
+            return []
+    return cross_section_problems(RunConfig.model_construct(**parts))
 
 
 def _describe(error: dict[str, Any]) -> str:
@@ -155,7 +186,10 @@ def build_run_config(raw: dict[str, Any], source: str = "config") -> RunConfig:
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
-        lines = "\n  ".join(_describe(e) for e in err.errors())
+        described = [_describe(e) for e in err.errors()]
+        if not any(e["type"] == "value_error" and not e["loc"] for e in err.errors()):
+            described += _cross_section_despite(raw)
+        lines = "\n  ".join(described)
         raise ConfigError(f"invalid run config ({source}):\n  {lines}") from None
 
 

@@ -51,18 +51,21 @@ def check_static_layout(config: "RunConfig") -> None:
     """The rules that do not depend on the world size (raised as ValueError: the config
     validator reports them with the rest)."""
     m, sp, tps = config.model, config.parallel.sp, config.train.tokens_per_step
+    problems = []   # all of them at once
     if m.num_heads % sp:
-        raise ValueError(
+        problems.append(
             f"model.num_heads ({m.num_heads}) must be divisible by parallel.sp ({sp}): Ulysses "
             f"gives each rank of an SP group num_heads/sp whole heads (gloo cannot do uneven "
             f"all-to-all); choose parallel.sp from the divisors of {m.num_heads}")
     if m.seq_len % sp:
-        raise ValueError(f"model.seq_len ({m.seq_len}) must be divisible by parallel.sp ({sp}): "
+        problems.append(f"model.seq_len ({m.seq_len}) must be divisible by parallel.sp ({sp}): "
                          "each rank of an SP group holds seq_len/sp tokens of a sample")
     if tps is not None and tps % m.seq_len:
-        raise ValueError(
+        problems.append(
             f"train.tokens_per_step ({tps}) must be a whole number of sequences of "
             f"model.seq_len ({m.seq_len}); e.g. {max(1, tps // m.seq_len) * m.seq_len}")
+    if problems:
+        raise ValueError("\n  ".join(problems))
 
 
 def resolve_layout(config: "RunConfig", world_size: int) -> Layout:

@@ -33,15 +33,26 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of `raw` with each override set; intermediate sections are created."""
     result = copy.deepcopy(raw)
+    problems: list[str] = []   # every bad override at once, as the config's own errors are
     for text in overrides:
-        path, value = parse_override(text)
+        try:
+            path, value = parse_override(text)
+        except ConfigError as err:
+            problems.append(str(err))
+            continue
         node = result
         for depth, part in enumerate(path[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 where = ".".join(path[: depth + 1])
-                raise ConfigError(f"override {text!r}: {where!r} is a value ({child!r}), "
-                                  "not a section, so it has no sub-keys")
+                problems.append(f"override {text!r}: {where!r} is a value ({child!r}), "
+                                "not a section, so it has no sub-keys")
+                break
             node = child
-        node[path[-1]] = value
+        else:
+            node[path[-1]] = value
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError("invalid --set overrides:\n  " + "\n  ".join(problems))
     return result

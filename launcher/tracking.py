@@ -148,3 +148,30 @@ def _start_system_metrics(run_id: str, tracking_uri: str):
 
 def config_to_yaml(config: dict[str, Any]) -> str:
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def probe_tracking_uri(uri: str, timeout_s: float = 3.0) -> str | None:
+    """None if the tracking store answers within seconds, else why not (one line).
+
+    For an http(s) server: a TCP connect, then GET /health. Local stores (sqlite, file) are
+    not probed: their failures show up on the first write, which the journal absorbs."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https"):
+        return None
+    import socket
+    import urllib.error
+    import urllib.request
+
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout_s):
+            pass
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as reply:
+            reply.read(64)
+    except urllib.error.HTTPError:
+        return None    # it answers (a server without /health, or behind a proxy)
+    except OSError as err:
+        return f"{type(err).__name__}: {err}"
+    return None

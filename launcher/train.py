@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from launcher import checkpoint
+from launcher import checkpoint, run_identity
 from launcher.config import RunConfig, load_run_config
 from launcher.cpu_memory import reuse_freed_memory
 from launcher.data import Batch, build_batches
@@ -29,7 +29,9 @@ from launcher.layout import Layout, resolve_layout
 from launcher.overrides import ConfigError
 from launcher.signals import StopRequest
 from launcher.throughput import device_peak_tflops, memory_gib, mfu, train_flops_per_token
-from launcher.tracking import MlflowRun, config_to_yaml
+from launcher.journal import default_journal_dir
+from launcher.journaled_run import JournaledRun
+from launcher.tracking import config_to_yaml, resolve_tracking_uri
 from model import Llama, count_parameters
 
 # Exit status of a run stopped by SIGTERM/SIGUSR1 after saving its checkpoint: 0, as the
@@ -58,7 +60,8 @@ class RunResult:
 
 def default_run_name(config: RunConfig, tokens_per_step: int | None = None) -> str:
     m = config.model
-    return (f"{m.attention}-smooth_{m.smoothing}-qknorm_{'on' if m.qk_norm else 'off'}"
+    quant = f"-quant_{m.quant}" if m.attention == "sagebwd" and m.quant != "block" else ""
+    return (f"{m.attention}-smooth_{m.smoothing}{quant}-qknorm_{'on' if m.qk_norm else 'off'}"
             f"-tps{tokens_per_step or config.tokens_per_step}")
 
 
@@ -66,6 +69,7 @@ def grid_tags(config: RunConfig, tokens_per_step: int | None = None) -> dict[str
     """The paper's grid axes, as tags so runs can be filtered and grouped in MLflow."""
     m = config.model
     tags = {"attention": m.attention, "smoothing": m.smoothing,
+            "quant": m.quant if m.attention == "sagebwd" else "none",
             "qk_norm": str(m.qk_norm).lower(),
             "tokens_per_step": str(tokens_per_step or config.tokens_per_step),
             "model_preset": str(m.preset)}
@@ -83,16 +87,30 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class Shard:
     """This rank's slice of every sample: tokens [sp_rank * L/sp, (sp_rank+1) * L/sp)."""
 
-    def __init__(self, layout: Layout, sp_rank: int, device: torch.device):
+    def __init__(self, layout: Layout, sp_rank: int, device: torch.device,
+                 loss_impl: str = "plain"):
         self.start = sp_rank * layout.local_seq_len
         self.stop = self.start + layout.local_seq_len
         self.device = device
+        self.loss_impl = loss_impl
+
+    def to_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A blocking host-to-GPU copy waits for all the work queued on the device (a stream
+        sync per micro-batch: with gradient accumulation the GPU idles while the host launches
+        the next forward). From pinned memory the copy is queued instead, and the caching host
+        allocator keeps the pinned buffer until the copy is done. The same values either way."""
+        if self.device.type == "cuda":
+            return tokens.pin_memory().to(self.device, non_blocking=True)
+        return tokens.to(self.device)
 
     def loss(self, engine, batch: Batch) -> torch.Tensor:
         """Mean loss over this rank's tokens. The SP ranks' losses average to the sample's
         loss, and their partial gradients sum to its gradient (see launcher.engine)."""
-        x, y = (t[:, self.start:self.stop].to(self.device) for t in batch)
-        return lm_loss(engine(x, start_pos=self.start), y)
+        x, y = (self.to_device(t[:, self.start:self.stop]) for t in batch)
+        if self.loss_impl == "plain":   # the reference: the logits out of the model
+            return lm_loss(engine(x, start_pos=self.start), y)
+        # model.loss_impl "chunked": the model's LM head and loss, without whole-batch logits
+        return engine(x, start_pos=self.start, targets=y)
 
 
 def world_mean(values: list[float], device) -> list[float]:
@@ -153,20 +171,42 @@ def say_now(line: str) -> None:
 
 
 def start_tracking(config: RunConfig, name: str, model: Llama, layout: Layout,
-                   run_id: str | None) -> MlflowRun:
-    """Create the run (or reopen the one a checkpoint names); rank 0 only."""
+                   state: checkpoint.TrainerState | None,
+                   resumed: run_identity.ResumeCheck | None, checkpoint_path: str | None,
+                   say: Callable[[str], None]) -> JournaledRun:
+    """Create the run (or continue the one the checkpoint's journal names); rank 0 only.
+    Metrics go through a journal next to the checkpoints (launcher.journal)."""
     t = config.tracking
-    if run_id:
-        return MlflowRun.reopen(run_id, t.tracking_uri, system_metrics=t.system_metrics)
+    uri = resolve_tracking_uri(t.tracking_uri)
+    folder = default_journal_dir(config.checkpoint.dir, t.experiment, name)
+    if state and resumed.same_run:
+        run = JournaledRun.resume(folder, step=state.step, tracking_uri=uri, say=say,
+                                  legacy_run_id=state.mlflow_run_id,
+                                  system_metrics=t.system_metrics)
+        if run is not None:
+            if resumed.changed:
+                say(f"[{name}] resuming with changed keys (safe to change, logged on the run as "
+                    "resume.changed.*): " + ", ".join(
+                        f"{k} {a} -> {b}" for k, (a, b) in resumed.changed.items()))
+                run.set_tags({f"resume.changed.{k}": f"{a} -> {b} at step {state.step}"
+                              for k, (a, b) in resumed.changed.items()})
+            return run
     counts = count_parameters(model)
     params = {**config.to_dict(), "derived": {
         **layout.as_dict(), "world_size": layout.world, "n_params": counts["total"],
         "n_params_non_embedding": counts["non_embedding"],
         "flops_per_token": train_flops_per_token(config.model)}}
-    return MlflowRun.create(experiment=t.experiment, run_name=name, params=params,
-                            tags=grid_tags(config, layout.tokens_per_step),
-                            config_yaml=config_to_yaml(config.to_dict()),
-                            tracking_uri=t.tracking_uri, system_metrics=t.system_metrics)
+    tags = grid_tags(config, layout.tokens_per_step)
+    if state:   # a checkpoint of another run: continue it in a new MLflow run
+        say(f"[{name}] checkpoint {checkpoint_path} continues in a new MLflow run, not in "
+            f"run {state.mlflow_run_id}: {resumed.why_new_run or 'its journal is missing'}")
+        tags.update({"sagebwd.forked_from_run": str(state.mlflow_run_id),
+                     "sagebwd.forked_from_checkpoint": str(checkpoint_path),
+                     "sagebwd.forked_at_step": str(state.step)})
+    return JournaledRun.start(folder, experiment=t.experiment, run_name=name, params=params,
+                              tags=tags, config_yaml=config_to_yaml(config.to_dict()),
+                              tracking_uri=uri, say=say, system_metrics=t.system_metrics,
+                              previous="other-run" if state else "earlier-run")
 
 
 def train(config: RunConfig, *, resume: str = "none",
@@ -178,7 +218,13 @@ def train(config: RunConfig, *, resume: str = "none",
     init_process_group()
     # Every check that can fail does so here, on every rank alike, before any collective.
     layout = resolve_layout(config, world_size())
-    resume_from = checkpoint.resolve_resume(resume, config.checkpoint.dir)
+    resume_from = checkpoint.resolve_resume(resume, config.checkpoint.dir,
+                                            say=say if rank() == 0 else lambda _: None)
+    name = config.tracking.run_name or default_run_name(config, layout.tokens_per_step)
+    tracking_uri = resolve_tracking_uri(config.tracking.tracking_uri)
+    resumed = run_identity.check_resume(
+        checkpoint.read_identity(*resume_from), config, run_name=name, tracking_uri=tracking_uri,
+        checkpoint=resume_from[0] / resume_from[1]) if resume_from else None
 
     sp_group, sp_rank = sequence_parallel_group(layout.sp)
     torch.manual_seed(config.seed)
@@ -194,14 +240,13 @@ def train(config: RunConfig, *, resume: str = "none",
 
     dp_rank, dp_world = data_parallel_coords(rank(), layout.world, layout.sp)
     train_batches, eval_batches = build_batches(config, dp_rank, dp_world)
-    shard = Shard(layout, sp_rank, engine.device)
+    shard = Shard(layout, sp_rank, engine.device, config.model.loss_impl)
 
     state = None
     if resume_from:
         state = checkpoint.load(engine, *resume_from)
         train_batches.load_state_dict(state.loader)
     start_step = state.step if state else 0
-    name = config.tracking.run_name or default_run_name(config, layout.tokens_per_step)
     result = RunResult(name=name, run_id=None, tracking_uri=None,
                        resumed_from=state.step if state else None)
     if start_step >= config.train.steps:
@@ -209,20 +254,22 @@ def train(config: RunConfig, *, resume: str = "none",
         result.run_id = state.mlflow_run_id
         return result
 
-    tracker = (start_tracking(config, name, model, layout, state and state.mlflow_run_id)
+    flops_per_token = train_flops_per_token(config.model)
+    peak = device_peak_tflops(config.train.peak_tflops)
+    where_from = str(resume_from[0] / resume_from[1]) if resume_from else None
+    # From here on every way out goes through the `finally` below or leaves no run behind.
+    tracker = (start_tracking(config, name, model, layout, state, resumed, where_from, say)
                if rank() == 0 else None)
     result.run_id = broadcast_object(tracker and tracker.run_id)  # one run for all ranks
-    result.tracking_uri = tracker and tracker.tracking_uri
+    result.tracking_uri = tracking_uri
     if tracker:
-        what = f"resumed at step {start_step} from {resume_from[0]}" if state else "started"
+        what = f"resumed at step {start_step} from {where_from}" if state else "started"
         say(f"[{name}] {what}: {count_parameters(model)['total']:,} params, "
             f"{layout.tokens_per_step:,} tokens/step = {layout.micro_batch} micro x "
             f"{layout.grad_accum} accum x {layout.dp} DP x {layout.seq_len} seq (SP {layout.sp}, "
-            f"ZeRO {config.parallel.zero_stage}), MLflow run {tracker.run_id} in "
-            f"{tracker.tracking_uri}")
+            f"ZeRO {config.parallel.zero_stage}), MLflow run "
+            f"{tracker.run_id or '(created when the server answers)'} in {tracking_uri}")
 
-    flops_per_token = train_flops_per_token(config.model)
-    peak = device_peak_tflops(config.train.peak_tflops)
     tokens_seen = state.tokens_seen if state else 0
     saved_step = start_step if state else None
 
@@ -231,11 +278,13 @@ def train(config: RunConfig, *, resume: str = "none",
         if config.checkpoint.dir is None or saved_step == step:
             return
         if tracker:
-            tracker.flush()  # the store holds every metric up to the checkpoint
+            tracker.sync_to_disk()  # the journal holds every metric up to the checkpoint
+        run_id = tracker.run_id if tracker else result.run_id   # rank 0's is the one written
         where = checkpoint.save(engine, config.checkpoint.dir, checkpoint.TrainerState(
-            step=step, tokens_seen=tokens_seen, mlflow_run_id=result.run_id,
+            step=step, tokens_seen=tokens_seen, mlflow_run_id=run_id,
             loader=train_batches.state_dict(), rng=checkpoint.capture_rng()),
-            config.checkpoint.keep_last)
+            config.checkpoint.keep_last, identity=run_identity.identity(
+                config, run_name=name, run_id=run_id, tracking_uri=tracking_uri))
         saved_step, result.last_checkpoint = step, str(where)
         if tracker:
             say(f"[{name}] checkpoint saved at step {step}: {where}")
@@ -307,6 +356,7 @@ def train(config: RunConfig, *, resume: str = "none",
                 tracker.log_json(run_summary(result, layout, peak, flops_per_token, status),
                                  "summary.json")
             tracker.finish(status)
+            result.run_id = tracker.run_id   # created late if the server was away at the start
     return result
 
 
@@ -339,10 +389,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "there is one (else start fresh); PATH: a checkpoint folder")
     # The `deepspeed` launcher appends --local_rank=N (it also sets LOCAL_RANK, which we read).
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--traceback", action="store_true",
+                        default=os.environ.get(TRACEBACK_ENV, "") not in ("", "0"),
+                        help="on an error, print the full traceback on every rank (default: one "
+                        f"line from rank 0; also ${TRACEBACK_ENV}=1)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a config value, e.g. "
                         "--set model.attention=sagebwd (repeatable)")
     return parser.parse_args(argv)
+
+
+TRACEBACK_ENV = "SAGEBWD_TRACEBACK"
+
+
+def report_error(err: Exception, full: bool) -> int:
+    """The message of a run that could not go on: one line (plus the message's own lines) on
+    rank 0; the other ranks, which check the same things, stay quiet unless their error is
+    of another kind. -> the exit status: 2 for a config/input problem, 1 otherwise."""
+    from data_prep.errors import DataPrepError
+    from launcher.journal import JournalError
+
+    expected = isinstance(err, (ConfigError, DataPrepError, JournalError))
+    if full:
+        import traceback
+
+        traceback.print_exception(err, file=sys.stderr)
+    elif rank() == 0 or not expected:
+        where = "" if rank() == 0 else f"[rank {rank()}] "
+        kind = "" if expected else f"{type(err).__name__}: "
+        hint = "" if expected else f" (--traceback or {TRACEBACK_ENV}=1 for the traceback)"
+        print(f"{where}error: {kind}{err}{hint}", file=sys.stderr, flush=True)
+    return 2 if expected else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,9 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_run_config(args.config, args.overrides)
         result = train(config, resume=args.resume)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except Exception as err:  # noqa: BLE001 - one line per failure, the traceback on request
+        return report_error(err, args.traceback)
     if result.diverged_at:
         return 1
     return EXIT_STOPPED if result.stopped_by else 0

@@ -31,6 +31,7 @@ class CoreAttention(nn.Module):
         self.smooth_q = config.smooth_q
         self.block_q = config.block_q
         self.block_kv = config.block_kv
+        self.quant = config.quant
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.backend == "fpa":
@@ -46,13 +47,13 @@ class CoreAttention(nn.Module):
         # non-finite input makes the loss non-finite, which the trainer's guard stops on.
         return sagebwd.attention(q, k, v, causal=True, smooth_k=self.smooth_k,
                                  smooth_q=self.smooth_q, block_q=self.block_q,
-                                 block_kv=self.block_kv, check_finite=False)
+                                 block_kv=self.block_kv, quant=self.quant, check_finite=False)
 
     def extra_repr(self) -> str:
         if self.backend == "fpa":
             return f"backend=fpa, fpa_kernel={self.fpa_kernel}"
         return (f"backend=sagebwd, smooth_q={self.smooth_q}, smooth_k={self.smooth_k}, "
-                f"block_q={self.block_q}, block_kv={self.block_kv}")
+                f"block_q={self.block_q}, block_kv={self.block_kv}, quant={self.quant}")
 
 
 class CausalSelfAttention(nn.Module):

@@ -11,6 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from sagebwd.validate import QUANT_CONTRACTS
+
+from model.loss import LossImpl
+
 # GPT-2 BPE has 50257 tokens; 50304 = next multiple of 64, which keeps the embedding and
 # LM-head matmuls on tensor-core friendly shapes (as in nanoGPT). The extra rows are never
 # targets, so they only cost 47 * hidden parameters.
@@ -19,6 +23,9 @@ SAGEBWD_HEAD_DIMS = (64, 128)
 
 AttentionBackend = Literal["fpa", "sagebwd"]
 Smoothing = Literal["none", "k", "qk"]
+# SageBwd's quantisation contract (sagebwd.validate.QUANT_CONTRACTS; docs/sagebwd.md): "block",
+# the paper's per-block scales, or "token", per-token scales.
+QuantContract = Literal[QUANT_CONTRACTS]
 # Which torch SDPA kernel runs attention="fpa"; "auto" lets PyTorch choose: with torch 2.11 on
 # an H200 it ran cuDNN for bf16 head-dim-64 training steps (profiled; docs/results.md).
 FpaKernel = Literal["auto", "flash", "cudnn", "efficient", "math"]
@@ -47,9 +54,16 @@ class ModelConfig(BaseModel):
     fpa_kernel: FpaKernel = "auto"
     qk_norm: bool = False
     smoothing: Smoothing = "none"
+    quant: QuantContract = "block"
     # SageBwd quantises per tile; the sequence must split evenly into these tiles.
     block_q: int = 128
     block_kv: int = 64
+    # How the LM head and its cross-entropy run when the trainer passes targets (model/loss.py):
+    # "plain" materialises the micro-batch's logits and their fp32 copy (the reference),
+    # "chunked" computes the same loss and gradients (within bf16 rounding)
+    # loss_chunk_tokens rows of logits at a time. Not an architectural switch.
+    loss_impl: LossImpl = "plain"
+    loss_chunk_tokens: int = 2048
 
     @property
     def head_dim(self) -> int:
@@ -81,31 +95,39 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _check_consistency(self) -> "ModelConfig":
         positive = ("vocab_size", "pad_vocab_to_multiple_of", "seq_len", "hidden_size",
-                    "num_layers", "num_heads", "ffn_hidden_size", "block_q", "block_kv")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+                    "num_layers", "num_heads", "ffn_hidden_size", "block_q", "block_kv",
+                    "loss_chunk_tokens")
+        problems = [f"model.{name} must be positive, got {getattr(self, name)}"
+                    for name in positive if getattr(self, name) <= 0]
+        if problems:   # the checks below divide by these
+            raise ValueError("\n  ".join(problems))
         if self.hidden_size % self.num_heads:
-            raise ValueError(
+            problems.append(
                 f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads "
                 f"({self.num_heads}); pick num_heads so that hidden_size / num_heads is the head dim")
-        if self.head_dim % 2:
-            raise ValueError(f"RoPE needs an even head dim, got {self.head_dim}")
+        elif self.head_dim % 2:
+            problems.append(f"RoPE needs an even head dim, got {self.head_dim}")
         if self.attention == "fpa" and self.smoothing != "none":
-            raise ValueError(
+            problems.append(
                 f"model.smoothing={self.smoothing!r} only applies to attention='sagebwd' "
                 "(it preconditions INT8 quantisation); set model.smoothing=none for fpa")
+        if self.attention == "fpa" and self.quant != "block":
+            problems.append(
+                f"model.quant={self.quant!r} only applies to attention='sagebwd' (SageBwd's "
+                "quantisation contract); leave model.quant unset for fpa")
         if self.attention == "sagebwd":
             if self.head_dim not in SAGEBWD_HEAD_DIMS:
-                raise ValueError(
+                problems.append(
                     f"attention='sagebwd' supports head dim {SAGEBWD_HEAD_DIMS}, got "
                     f"{self.head_dim} (hidden_size {self.hidden_size} / num_heads {self.num_heads})")
             for block in ("block_q", "block_kv"):
                 if self.seq_len % getattr(self, block):
-                    raise ValueError(
+                    problems.append(
                         f"model.seq_len ({self.seq_len}) must be a multiple of model.{block} "
                         f"({getattr(self, block)}) for attention='sagebwd'; change seq_len or "
                         f"set a smaller {block}")
+        if problems:   # every problem at once
+            raise ValueError("\n  ".join(problems))
         return self
 
 

@@ -9,6 +9,7 @@ from torch import nn
 from model.attention import CausalSelfAttention
 from model.config import ModelConfig
 from model.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from model.loss import lm_head_loss
 
 
 class Block(nn.Module):
@@ -53,16 +54,22 @@ class Llama(nn.Module):
             is_residual_out = name.endswith(("attn.out.weight", "mlp.down.weight"))
             nn.init.normal_(p, mean=0.0, std=residual_std if is_residual_out else std)
 
-    def forward(self, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, start_pos: int = 0,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
         """start_pos: position of input_ids[:, 0] in its sequence (a sequence-parallel shard
-        of rank r holds tokens r * seq_len/sp ...)."""
+        of rank r holds tokens r * seq_len/sp ...). With targets (batch, seq): the mean
+        cross-entropy of the LM head instead of the logits, by config.loss_impl
+        (model/loss.py; "chunked" never holds the whole batch's logits)."""
         if start_pos + input_ids.shape[1] > self.config.seq_len:
             raise ValueError(f"input has tokens up to position {start_pos + input_ids.shape[1]} "
                              f"but the model was built for seq_len {self.config.seq_len}")
         x = self.embed(input_ids)
         for block in self.blocks:
             x = block(x, start_pos)
-        return self.lm_head(self.norm(x))
+        if targets is None:
+            return self.lm_head(self.norm(x))
+        return lm_head_loss(self.norm(x), self.lm_head.weight, targets, self.config.loss_impl,
+                            self.config.loss_chunk_tokens)
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:

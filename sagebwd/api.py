@@ -7,7 +7,7 @@ import os
 import torch
 
 from .simulate import SageConfig, SimulatedSageBwd
-from .validate import BACKENDS, SageBwdInputError, check_inputs, check_kernels, check_quant
+from .validate import BACKENDS, SageBwdInputError, check_inputs, check_kernels, check_quant, check_tensors
 
 log = logging.getLogger("sagebwd")
 _said_simulating = False
@@ -52,6 +52,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     kernels: which Triton kernels run ("default", "triton", ...: the table of sagebwd.triton.registry,
     `python -m sagebwd.triton.registry`); the simulation ignores it.
     """
+    check_tensors(q, k, v)   # before anything reads q.device
     check_quant(quant)
     name = resolve_backend(backend, q.device)
     check_kernels(kernels)

@@ -39,6 +39,10 @@ def check_quant(quant: str) -> None:
 
 def check_seq_len(seq_len: int, block_q: int, block_kv: int) -> None:
     multiple = max(block_q, block_kv)
+    if seq_len <= 0:
+        raise SageBwdInputError(
+            f"sequence length {seq_len}: q, k, v hold no tokens; attention needs at least one "
+            f"tile of {multiple} positions (pad the sequence, or skip the call for empty inputs)")
     if seq_len % block_q or seq_len % block_kv:
         padded = -(-seq_len // multiple) * multiple
         raise SageBwdInputError(
@@ -47,11 +51,18 @@ def check_seq_len(seq_len: int, block_q: int, block_kv: int) -> None:
         )
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str, block_q: int,
-                 block_kv: int, check_finite: bool) -> None:
+def check_tensors(q, k, v) -> None:
+    """The first check of all: anything else reads .device/.shape of the inputs."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise SageBwdInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise SageBwdInputError(f"{name} must be a torch.Tensor, got {type(t).__name__} "
+                                    "(convert it with torch.as_tensor, shaped (batch, heads, seq, head_dim))")
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str, block_q: int,
+                 block_kv: int, check_finite: bool) -> None:
+    check_tensors(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise SageBwdInputError(
                 f"{name} has shape {tuple(t.shape)}; expected 4 dims (batch, heads, seq, head_dim)")
@@ -73,6 +84,9 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: 
             f"head_dim {head_dim} is not supported; SageBwd supports head_dim in {SUPPORTED_HEAD_DIMS}")
     check_blocks(block_q, block_kv)
     check_seq_len(q.shape[-2], block_q, block_kv)
+    if q.numel() == 0:
+        raise SageBwdInputError(f"q, k, v of shape {tuple(q.shape)} are empty (a zero batch or head "
+                                "count); skip the call for empty inputs")
     if check_finite:
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not bool(torch.isfinite(t).all()):

@@ -8,7 +8,6 @@ carrying the trainer's axis tags, and curves whose means are exact in floating p
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from experiments.compare import compare_experiment, compare_manifest
 from experiments.compare_mlflow import COMPARISON_ROLE, PARENT_TAG, CompareError
 from experiments.manifest import REPO_ROOT
 from experiments.manifest_tracking import GRID_TAG, ROLE_TAG
+from mlflow_server_process import MlflowServer, free_port
 
 PYTHON = sys.executable
 EXPERIMENT = "cmp-grid"
@@ -231,49 +231,14 @@ def test_errors_say_what_is_missing_and_how_to_fix_it(store, tmp_path):
 
 # --- the command against a real `mlflow server` ---------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until_up(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).close()
-            return
-        except OSError:
-            time.sleep(1)
-    pytest.fail(f"mlflow server did not answer within {timeout_s} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """A real tracking server with its own sqlite store and proxied artifact folder."""
-    folder = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    log = folder / "server.log"
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1"}
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(
-            [PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-             "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
-            cwd=folder, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
     try:
-        wait_until_up(url, proc, log)
-        yield url
+        yield server.start().url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 def run_compare(*args: str) -> subprocess.CompletedProcess:

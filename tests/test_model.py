@@ -95,9 +95,10 @@ def test_qk_norm_normalises_what_the_attention_call_sees(qk_norm, monkeypatch):
     assert ("blocks.0.attn.k_norm.weight" in names) == qk_norm
 
 
+@pytest.mark.parametrize("quant", ["block", "token"])
 @pytest.mark.parametrize("smoothing,smooth_q,smooth_k",
                          [("none", False, False), ("k", False, True), ("qk", True, True)])
-def test_smoothing_and_blocks_reach_sagebwd_call(smoothing, smooth_q, smooth_k, monkeypatch):
+def test_smoothing_and_blocks_reach_sagebwd_call(smoothing, smooth_q, smooth_k, quant, monkeypatch):
     calls = []
 
     def recording_attention(q, k, v, **kwargs):
@@ -107,10 +108,10 @@ def test_smoothing_and_blocks_reach_sagebwd_call(smoothing, smooth_q, smooth_k, 
     fake = types.ModuleType("sagebwd")
     fake.attention = recording_attention
     monkeypatch.setitem(sys.modules, "sagebwd", fake)
-    model = Llama(micro(attention="sagebwd", smoothing=smoothing, block_q=32, block_kv=16))
+    model = Llama(micro(attention="sagebwd", smoothing=smoothing, block_q=32, block_kv=16, quant=quant))
     model(torch.randint(0, 512, (1, 64)))
     assert calls == [dict(causal=True, smooth_k=smooth_k, smooth_q=smooth_q,
-                          block_q=32, block_kv=16, check_finite=False)] * 2
+                          block_q=32, block_kv=16, quant=quant, check_finite=False)] * 2
 
 
 def test_fpa_never_calls_sagebwd(monkeypatch):
@@ -148,6 +149,8 @@ def test_untied_embeddings_add_an_lm_head():
      "multiple of model.block_kv"),
     (dict(attention="sagebwd", hidden_size=96, num_heads=3), "head dim"),
     (dict(smoothing="k"), "only applies to attention='sagebwd'"),
+    (dict(quant="token"), "model.quant='token' only applies to attention='sagebwd'"),
+    (dict(attention="sagebwd", quant="int4"), "quant"),
     (dict(hidden_size=100, num_heads=3), "divisible by model.num_heads"),
     (dict(num_layers=0), "num_layers must be positive"),
     (dict(attention="flash"), "attention"),

@@ -52,7 +52,7 @@ def test_run_holds_params_tags_and_full_metric_history(tmp_path):
 
 def test_grid_job_tags_parent_run_and_reopen_keeps_one_run(tmp_path, monkeypatch):
     from launcher.config import build_run_config
-    from launcher.train import grid_tags
+    from launcher.train import default_run_name, grid_tags
 
     monkeypatch.setenv("SAGEBWD_PARENT_RUN_ID", "parent123")
     monkeypatch.setenv("SAGEBWD_NODE", "b200")
@@ -62,6 +62,11 @@ def test_grid_job_tags_parent_run_and_reopen_keeps_one_run(tmp_path, monkeypatch
                                "tracking": {"tps_label": "2.1m"}})
     tags = grid_tags(config)
     assert tags["tps"] == "2.1m" and tags["node"] == "b200" and tags["tokens_per_step"] == "256"
+    assert tags["quant"] == "none"   # fpa has no quantisation contract
+    token = build_run_config({"model": {"preset": "micro", "attention": "sagebwd", "smoothing": "k",
+                                        "quant": "token"},
+                              "train": {"steps": 4, "micro_batch_size": 2, "tokens_per_step": 256}})
+    assert grid_tags(token)["quant"] == "token" and "-quant_token-" in default_run_name(token)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     first = MlflowRun.create(experiment="unit", run_name="r", params={"a": 1}, tags=tags,
                              config_yaml="a: 1\n", tracking_uri=uri)

@@ -243,8 +243,9 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             # amax that would round past 127. dS saturates instead: dP's two orientations sum in
             # different orders, and where dP - delta cancels, that difference is all of dS.
             if PASS != DK_ONLY:
-                if TOKEN:
-                    p_scale, p_inv = tile_scales(tl.max(p_t, axis=1), False)
+                if TOKEN:   # P >= 0 orders like its bits as integers (two per max instruction)
+                    p_amax = tl.max(p_t.to(tl.int32, bitcast=True), axis=1).to(tl.float32, bitcast=True)
+                    p_scale, p_inv = tile_scales(p_amax, False)
                     p_inv = p_inv[:, None]
                     dv_scale = (p_scale * do_scale)[:, None]
                 p8_t = to_k_order(round_scaled_to_int8(p_t, p_inv))
@@ -262,7 +263,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                 dp_t = _dot16(v, tl.trans(do), DOT_F32)
                 delta = tl.load(DELTA_bh + offs_m)[None, :]
                 if TOKEN:   # Y^T = dS^T s_Q, one scale per row: Q^'s scale runs along this product's sum
-                    y_t = p_t * (dp_t - delta) * q_scale
+                    y_t = p_t * (dp_t * q_scale - delta * q_scale)   # one fma: delta s_Q per column
                     y_scale, y_inv = tile_scales(tl.max(tl.abs(y_t), axis=1), False)
                     ds8_t = to_k_order(round_scaled_to_int8(y_t, y_inv[:, None]))
                     dk_scale = y_scale[:, None]

@@ -47,14 +47,26 @@ def _forward_tiles(acc, l_i, m_i, q8, q_scale, offs_m, lo, hi,
         j = start_n // BLOCK_N
         k8 = tl.load(K8_bh + offs_n[:, None] * HEAD_DIM + offs_d[None, :])
         x = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32)
-        if SMOOTH_Q or TOKEN:
+        if TOKEN and not SMOOTH_Q:
+            # S = (x s_K) * q_scale with q_scale >= 0 per row: the row max of x s_K gives t, and
+            # S - t is one fma per element.
+            xs = int_to_float(x) * tl.load(SK_bh + offs_n)[None, :]
+            if MASKED:
+                t = tl.max(tl.where(offs_m[:, None] >= offs_n[None, :], xs, float("-inf")), axis=1)
+            else:
+                t = tl.max(xs, axis=1)
+            t = tl.where(t == float("-inf"), float("-inf"), t * q_scale)   # -inf * 0 would be NaN
+            t_safe = tl.where(t == float("-inf"), 0.0, t)
+            p = tl.math.exp2(xs * q_scale[:, None] - t_safe[:, None])
+            if MASKED:
+                p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        elif SMOOTH_Q:
             if TOKEN:
                 s = int_to_float(x) * tl.load(SK_bh + offs_n)[None, :] * q_scale[:, None]
             else:
                 s = int_to_float(x) * (q_scale * tl.load(SK_bh + j))
-            if SMOOTH_Q:
-                bias = smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kn, stride_kd, SMOOTH_K)
-                s += (bias * bias_scale)[None, :]
+            bias = smooth_q_bias(KF_bh, KMEAN_bh, MU_blk, offs_n, offs_d, stride_kn, stride_kd, SMOOTH_K)
+            s += (bias * bias_scale)[None, :]
             if MASKED:
                 s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
             t = tl.max(s, axis=1)                          # tile row max; -inf if the row is fully masked

@@ -1,0 +1,329 @@
+"""`python -m benchmarks.train_throughput [--quick] [--out FILE.json]`: trainer throughput on one device.
+
+tokens/s, step ms, MFU and peak memory of one training step (forward, loss, backward, AdamW)
+for FPA and SageBwd (K-smoothing), eager and compiled, with the old loss path ("plain": the
+whole micro-batch's logits out of the model, fp32 cross-entropy outside it, as
+`launcher.train.lm_loss`) and the new one ("chunked": `model.loss_impl=chunked`, the LM head
+and loss inside the model, model/loss.py) side by side, in one process on one device.
+
+Default cases (issue 27): gpu-124m and gpu-325m at seq 4096 (micro-batch 4: 16,384 tokens per
+step), gpu-124m at seq 16384 (micro-batch 1). Pick others with `--case CONFIG[@SEQ[xMICRO]]`
+(repeatable) or `--config CONFIG` (its own seq and micro-batch), and narrow the grid with
+`--attention`, `--compile`, `--loss`.
+
+Machinery: launcher/profile_step.py's (one device, no DeepSpeed, no MLflow; the config's model
+in bf16 on CUDA, fp32 on the CPU; `torch.compile` of the whole model as `train.compile` does),
+plus what the trainer adds around it: the tokens copied from pinned host memory each step,
+an optimizer step as DeepSpeed ZeRO-1 runs it on one GPU (fp32 master weights: the bf16
+gradients cast to fp32, clipped to the global norm, fused AdamW, the bf16 weights copied back;
+`--optimizer none` leaves it out) and one host sync per step for the loss (the trainer's
+`.item()`; `--no-step-sync` syncs only at the end of the timed steps). Data are random tokens
+of the config's vocabulary (seeded): speed does not depend on them, and nothing is read from
+disk. FLOPs per token and the peak table are launcher/throughput.py's; MFU is blank where no
+peak is known (the CPU, an unknown GPU; `--peak-tflops` sets one).
+
+Each row runs in its own try/except: an error (an out-of-memory, a compile failure) is
+recorded in the row and the table goes on. Needs torch (+ triton for SageBwd on a GPU),
+pydantic and pyyaml; no DeepSpeed, MLflow or network.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import platform
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from launcher.config import RunConfig, load_run_config
+from launcher.overrides import ConfigError
+from launcher.throughput import device_peak_tflops, mfu, train_flops_per_token
+
+DEFAULT_CASES = ("experiments/configs/gpu-124m.yaml@4096x4", "experiments/configs/gpu-325m.yaml@4096x4",
+                 "experiments/configs/gpu-124m.yaml@16384x1")
+ATTENTIONS = {"fpa": ["model.attention=fpa", "model.smoothing=none"],
+              "sagebwd": ["model.attention=sagebwd", "model.smoothing=k"]}
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
+
+
+@dataclass
+class Case:
+    config: str
+    seq_len: int | None = None      # None: the config's
+    micro_batch: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Case":
+        path, _, shape = text.partition("@")
+        if not shape:
+            return cls(path)
+        seq, _, micro = shape.partition("x")
+        try:
+            return cls(path, int(seq), int(micro) if micro else None)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--case {text}: give CONFIG[@SEQ[xMICRO]], e.g. "
+                                             "experiments/configs/gpu-124m.yaml@16384x1") from None
+
+    def overrides(self) -> list[str]:
+        out = []
+        if self.seq_len:
+            out.append(f"model.seq_len={self.seq_len}")
+        if self.micro_batch:
+            out.append(f"train.micro_batch_size={self.micro_batch}")
+        return out
+
+
+@dataclass
+class Row:
+    config: str
+    attention: str
+    compile: str
+    loss: str
+    seq_len: int = 0
+    micro_batch: int = 0
+    tokens_per_step: int = 0
+    step_ms: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    peak_memory_gib: float | None = None
+    first_loss: float | None = None     # step 1's loss: plain and chunked should agree
+    warmup_s: float | None = None       # compilation included
+    error: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class MasterAdamW:
+    """The optimizer step of DeepSpeed ZeRO-1 on one GPU with bf16: fp32 master weights and
+    AdamW state; bf16 grads cast to fp32, clipped to the global norm, fused AdamW (foreach on
+    the CPU), the result copied back into the bf16 weights. With fp32 weights (the CPU) it is
+    torch's AdamW on the weights themselves, as the trainer's fp32 engine runs it."""
+
+    def __init__(self, model: torch.nn.Module, config: RunConfig):
+        from launcher.engine import adamw_param_groups
+
+        opt = config.optimizer
+        self.clip = opt.grad_clip
+        groups = adamw_param_groups(model, opt.weight_decay)
+        self.params = [p for g in groups for p in g["params"]]
+        self.mixed = any(p.dtype != torch.float32 for p in self.params)
+        if self.mixed:
+            masters = {id(p): p.detach().float().clone().requires_grad_(True) for p in self.params}
+            groups = [{**g, "params": [masters[id(p)] for p in g["params"]]} for g in groups]
+            self.masters = [masters[id(p)] for p in self.params]
+        else:
+            self.masters = self.params
+        fused = True if self.params[0].is_cuda else None
+        self.optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps,
+                                           fused=fused)
+
+    def step(self) -> None:
+        if self.mixed:
+            for m, p in zip(self.masters, self.params):
+                m.grad = p.grad.float() if p.grad is not None else None
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.masters, self.clip, foreach=True)
+        self.optimizer.step()
+        if self.mixed:
+            torch._foreach_copy_(self.params, self.masters)
+        for p in self.params:
+            p.grad = None
+        if self.mixed:
+            for m in self.masters:
+                m.grad = None
+
+
+def run_row(row: Row, config: RunConfig, steps: int, warmup: int, optimizer: bool,
+            step_sync: bool, compile_backend: str, peak: float | None) -> None:
+    from launcher.train import lm_loss   # the trainer's loss on the model's logits
+    from model import Llama
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(config.seed)
+    m = config.model
+    model = Llama(m).to(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    opt = MasterAdamW(model, config) if optimizer else None
+    forward = model
+    if row.compile != "none":
+        forward = torch.compile(model, backend=compile_backend,
+                                **({} if row.compile == "default" else {"mode": row.compile}))
+    micro, seq = config.train.micro_batch_size, m.seq_len
+    g = torch.Generator().manual_seed(config.seed)
+    batches = [torch.randint(0, m.vocab_size, (micro, seq + 1), generator=g) for _ in range(2)]
+    row.seq_len, row.micro_batch, row.tokens_per_step = seq, micro, micro * seq
+
+    def to_device(t):
+        return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+    def step(i: int) -> torch.Tensor:
+        tokens = to_device(batches[i % len(batches)])
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        if row.compile == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        if row.loss == "plain":
+            loss = lm_loss(forward(x), y)
+        else:
+            loss = forward(x, targets=y)
+        loss.backward()
+        if opt is not None:
+            opt.step()
+        else:
+            for p in model.parameters():
+                p.grad = None
+        return loss.detach()
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    start = time.perf_counter()
+    for i in range(warmup):
+        loss = step(i).item()
+        if i == 0:
+            row.first_loss = loss
+    sync()
+    row.warmup_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for i in range(steps):
+        loss = step(warmup + i)
+        if step_sync:
+            loss.item()   # the trainer reads every step's loss (its NaN guard and metrics)
+    sync()
+    row.step_ms = (time.perf_counter() - start) * 1000.0 / steps
+    row.tokens_per_s = row.tokens_per_step / row.step_ms * 1000.0
+    if peak:
+        row.mfu = mfu(row.tokens_per_s, train_flops_per_token(m), peak)
+    if device.type == "cuda":
+        row.peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30
+
+
+def cleanup() -> None:
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def environment() -> dict:
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "python": platform.python_version(), "torch": torch.__version__,
+           "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if torch.cuda.is_available():
+        env["cuda"] = torch.version.cuda
+        env["cudnn"] = torch.backends.cudnn.version()
+    return env
+
+
+def fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def table(rows: list[Row]) -> str:
+    """Markdown table; `x plain` is the row's tokens/s over the plain-loss row of the same
+    case, attention and compile mode."""
+    base = {(r.config, r.seq_len, r.micro_batch, r.attention, r.compile): r.tokens_per_s
+            for r in rows if r.loss == "plain" and r.tokens_per_s}
+    lines = ["| config | seq x micro | attention | compile | loss | step ms | tokens/s | x plain "
+             "| MFU | peak GiB | step-1 loss | error |", "|" + "---|" * 12]
+    for r in rows:
+        ref = base.get((r.config, r.seq_len, r.micro_batch, r.attention, r.compile))
+        speedup = r.tokens_per_s / ref if ref and r.tokens_per_s else None
+        name = r.config.rsplit("/", 1)[-1].removesuffix(".yaml")
+        lines.append(
+            f"| {name} | {r.seq_len} x {r.micro_batch} | {r.attention} | {r.compile} | {r.loss} "
+            f"| {fmt(r.step_ms, '.2f')} | {fmt(r.tokens_per_s, ',.0f')} | {fmt(speedup, '.3f')} "
+            f"| {fmt(r.mfu and 100 * r.mfu, '.1f')}{'%' if r.mfu else ''} "
+            f"| {fmt(r.peak_memory_gib, '.2f')} | {fmt(r.first_loss, '.4f')} | {r.error or ''} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.train_throughput", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", dest="cases", action="append", type=Case.parse, default=[],
+                   metavar="CONFIG[@SEQ[xMICRO]]", help="a config at a seq and micro-batch (repeatable)")
+    p.add_argument("--config", dest="configs", action="append", default=[],
+                   help="a config at its own seq and micro-batch (repeatable)")
+    p.add_argument("--attention", nargs="+", choices=sorted(ATTENTIONS), default=["fpa", "sagebwd"])
+    p.add_argument("--compile", nargs="+", choices=COMPILE_MODES, default=["none", "default"],
+                   help="torch.compile modes ('none': eager; default: none default)")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend (aot_eager: tracing only, for CPU smoke tests)")
+    p.add_argument("--loss", nargs="+", choices=("plain", "chunked"), default=["plain", "chunked"])
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every row, e.g. model.loss_chunk_tokens=4096")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per row (default 10)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed steps first (default: 2 eager, 4 compiled)")
+    p.add_argument("--quick", action="store_true", help="2 timed steps after 1 warm-up (2 compiled)")
+    p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw")
+    p.add_argument("--no-step-sync", dest="step_sync", action="store_false",
+                   help="do not read the loss every step (the trainer does)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="dense bf16 peak for MFU (default: launcher/throughput.py's table)")
+    p.add_argument("--out", help="write the rows and the environment as JSON here")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error(f"--steps {args.steps}: give a positive count")
+    if args.quick:
+        args.steps = min(args.steps, 2)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cases = args.cases + [Case(c) for c in args.configs] or [Case.parse(c) for c in DEFAULT_CASES]
+    peak = device_peak_tflops(args.peak_tflops)
+    env = environment()
+    print(f"{env['device']}: torch {env['torch']}, triton {env['triton']}, python {env['python']}; "
+          f"peak {peak or 'unknown'} TFLOP/s", flush=True)
+    rows: list[Row] = []
+    for case in cases:
+        for attention in args.attention:
+            for mode in args.compile:
+                for loss in args.loss:
+                    row = Row(case.config, attention, mode, loss)
+                    warmup = args.warmup if args.warmup is not None else (
+                        (1 if mode == "none" else 2) if args.quick else (2 if mode == "none" else 4))
+                    sets = [*case.overrides(), *ATTENTIONS[attention], f"model.loss_impl={loss}",
+                            *args.overrides]
+                    try:
+                        config = load_run_config(case.config, sets)
+                        run_row(row, config, args.steps, max(warmup, 1), args.optimizer == "adamw",
+                                args.step_sync, args.compile_backend, peak)
+                    except ConfigError as err:
+                        row.error = f"config: {err}".replace("\n", " ")
+                    except Exception as err:  # noqa: BLE001 - one row's failure must not end the table
+                        row.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+                        row.extra["traceback"] = traceback.format_exc(limit=-3)
+                    finally:
+                        cleanup()
+                    rows.append(row)
+                    print(f"  {case.config} seq {row.seq_len} x {row.micro_batch} {attention} "
+                          f"compile={mode} loss={loss}: "
+                          + (f"{row.step_ms:.2f} ms, {row.tokens_per_s:,.0f} tok/s"
+                             if row.error is None else f"ERROR {row.error}"), flush=True)
+    print(table(rows))
+    if args.out:
+        payload = {"environment": env, "peak_tflops": peak,
+                   "args": {k: (v if k != "cases" else [asdict(c) for c in v]) for k, v in vars(args).items()},
+                   "rows": [asdict(r) for r in rows]}
+        with open(args.out, "w") as f:
+            json.dump(payload, f, indent=1)
+        print(f"wrote {args.out}")
+    return 0 if all(r.error is None for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

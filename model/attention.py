@@ -32,6 +32,7 @@ class CoreAttention(nn.Module):
         self.block_q = config.block_q
         self.block_kv = config.block_kv
         self.quant = config.quant
+        self.kernels = config.sagebwd_kernels
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.backend == "fpa":
@@ -47,13 +48,14 @@ class CoreAttention(nn.Module):
         # non-finite input makes the loss non-finite, which the trainer's guard stops on.
         return sagebwd.attention(q, k, v, causal=True, smooth_k=self.smooth_k,
                                  smooth_q=self.smooth_q, block_q=self.block_q,
-                                 block_kv=self.block_kv, quant=self.quant, check_finite=False)
+                                 block_kv=self.block_kv, quant=self.quant, check_finite=False,
+                                 **({} if self.kernels == "default" else {"kernels": self.kernels}))
 
     def extra_repr(self) -> str:
         if self.backend == "fpa":
             return f"backend=fpa, fpa_kernel={self.fpa_kernel}"
         return (f"backend=sagebwd, smooth_q={self.smooth_q}, smooth_k={self.smooth_k}, "
-                f"block_q={self.block_q}, block_kv={self.block_kv}, quant={self.quant}")
+                f"block_q={self.block_q}, block_kv={self.block_kv}, quant={self.quant}, kernels={self.kernels}")
 
 
 class CausalSelfAttention(nn.Module):

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from sagebwd.triton.registry import KernelChoiceError, parse as parse_kernels
 from sagebwd.validate import QUANT_CONTRACTS
 
 from model.loss import LossImpl
@@ -55,6 +56,11 @@ class ModelConfig(BaseModel):
     qk_norm: bool = False
     smoothing: Smoothing = "none"
     quant: QuantContract = "block"
+    # Which SageBwd kernels run: "default", "triton" or PASS=NAME items (sagebwd.triton.registry,
+    # read and checked there; `python -m sagebwd.triton.registry` prints the table). For
+    # benchmarking: the contract, and so the numbers, are the same; only speed (and for the
+    # experimental "fused" kernel dQ's last bits run to run) differs.
+    sagebwd_kernels: str = "default"
     # SageBwd quantises per tile; the sequence must split evenly into these tiles.
     block_q: int = 128
     block_kv: int = 64
@@ -115,7 +121,13 @@ class ModelConfig(BaseModel):
             problems.append(
                 f"model.quant={self.quant!r} only applies to attention='sagebwd' (SageBwd's "
                 "quantisation contract); leave model.quant unset for fpa")
+        if self.attention == "fpa" and self.sagebwd_kernels != "default":
+            problems.append(f"model.sagebwd_kernels={self.sagebwd_kernels!r} only applies to attention='sagebwd'")
         if self.attention == "sagebwd":
+            try:
+                parse_kernels(self.sagebwd_kernels)
+            except KernelChoiceError as err:
+                problems.append(f"model.sagebwd_kernels: {err}")
             if self.head_dim not in SAGEBWD_HEAD_DIMS:
                 problems.append(
                     f"attention='sagebwd' supports head dim {SAGEBWD_HEAD_DIMS}, got "

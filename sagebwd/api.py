@@ -7,7 +7,7 @@ import os
 import torch
 
 from .simulate import SageConfig, SimulatedSageBwd
-from .validate import BACKENDS, SageBwdInputError, check_inputs, check_quant, check_tensors
+from .validate import BACKENDS, SageBwdInputError, check_inputs, check_kernels, check_quant, check_tensors
 
 log = logging.getLogger("sagebwd")
 _said_simulating = False
@@ -35,7 +35,8 @@ def _say_simulating_once() -> None:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               smooth_k: bool = True, smooth_q: bool = False, block_q: int = 128, block_kv: int = 64,
-              quant: str = "block", backend: str = "auto", check_finite: bool = True) -> torch.Tensor:
+              quant: str = "block", backend: str = "auto", check_finite: bool = True,
+              kernels: str = "default") -> torch.Tensor:
     """SageBwd attention: INT8 QK^T, PV, dV, dQ, dK with 16-bit dP (the paper's Algorithms 1-2).
 
     q, k, v: (batch, heads, seq, head_dim), one dtype and device; head_dim 64 or 128; seq a
@@ -48,14 +49,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     backend: "triton" (CUDA kernels), "simulate" (exact PyTorch simulation, any device) or
     "auto" (triton on CUDA, simulate elsewhere). check_finite costs one device sync per call.
+    kernels: which Triton kernels run ("default", "triton", ...: the table of sagebwd.triton.registry,
+    `python -m sagebwd.triton.registry`); the simulation ignores it.
     """
     check_tensors(q, k, v)   # before anything reads q.device
     check_quant(quant)
     name = resolve_backend(backend, q.device)
+    check_kernels(kernels)
     check_inputs(q, k, v, backend=name, block_q=block_q, block_kv=block_kv, check_finite=check_finite)
     if name == "triton":
         from . import triton as sage_triton   # imported lazily: needs a working Triton
-        return sage_triton.attention(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, quant)
+        return sage_triton.attention(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, quant, kernels=kernels)
     if q.device.type != "cuda":
         _say_simulating_once()
     cfg = SageConfig(causal=causal, smooth_k=smooth_k, smooth_q=smooth_q, block_q=block_q, block_kv=block_kv,

@@ -22,6 +22,15 @@ def check_blocks(block_q: int, block_kv: int) -> None:
             raise SageBwdInputError(f"{name}={b!r} must be a power of two >= 16 (defaults: block_q=128, block_kv=64)")
 
 
+def check_kernels(kernels: str) -> None:
+    """The kernel choice must be one the registry reads (sagebwd.triton.registry.parse)."""
+    from .triton.registry import KernelChoiceError, parse
+    try:
+        parse(kernels)
+    except KernelChoiceError as err:
+        raise SageBwdInputError(str(err)) from None
+
+
 def check_quant(quant: str) -> None:
     if quant not in QUANT_CONTRACTS:
         raise SageBwdInputError(f"quant={quant!r} is not a quantisation contract; use one of {QUANT_CONTRACTS} "

@@ -206,3 +206,25 @@ def test_fpa_kernel_pins_the_sdpa_backend():
         cudnn = CoreAttention(micro(fpa_kernel="cudnn"))
         with pytest.raises(RuntimeError, match="No (available kernel|viable backend)"):
             cudnn(q, k, v)
+
+
+def test_sagebwd_kernels_reach_the_call_and_are_checked(monkeypatch):
+    """model.sagebwd_kernels picks the kernels (sagebwd.triton.registry) and is read there: a typo or
+    a choice for an FPA model fails when the config is built."""
+    calls = []
+
+    def recording_attention(q, k, v, **kwargs):
+        calls.append(kwargs)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=kwargs["causal"])
+
+    config = micro(attention="sagebwd", block_q=32, block_kv=16, sagebwd_kernels="triton")
+    fake = types.ModuleType("sagebwd")
+    fake.attention = recording_attention
+    monkeypatch.setitem(sys.modules, "sagebwd", fake)
+    Llama(config)(torch.randint(0, 512, (1, 64)))
+    assert [c["kernels"] for c in calls] == ["triton"] * 2
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="dkdv has no kernel 'glon'"):
+        micro(attention="sagebwd", block_q=32, block_kv=16, sagebwd_kernels="dkdv=glon")
+    with pytest.raises(ValueError, match="only applies to attention='sagebwd'"):
+        micro(sagebwd_kernels="triton")

@@ -1,9 +1,9 @@
-"""sagebwd.triton.ncu_stalls reads ncu's --csv metrics output (one row per metric) into a table."""
+"""tools.ncu_stalls reads ncu's --csv metrics output (one row per metric) into a table."""
 from __future__ import annotations
 
 import pytest
 
-from sagebwd.triton import ncu_stalls
+from tools import ncu_stalls
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
           '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')

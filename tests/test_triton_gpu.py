@@ -1,12 +1,14 @@
 """The Triton kernels on a CUDA GPU: vs the simulation, all outputs written, deterministic, compiled.
 
 Skipped without CUDA (CI). Sizes are real but small enough for the simulation's N x N tensors;
-``python -m sagebwd.bench --check`` runs the larger set and prints the numbers.
+``python -m benchmarks.attention --check`` runs the larger set and prints the numbers; both take
+their reference checks from tests/kernel_checks.py. Kernel choices are sagebwd.triton.registry's.
 """
 from __future__ import annotations
 
 import pytest
 import torch
+from kernel_checks import check_case, graph_and_compiled
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -18,7 +20,6 @@ TOLERANCE = {torch.bfloat16: 5e-3, torch.float16: 2e-3}
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal,smooth_q", [(False, False), (True, False), (True, True)])
 def test_matches_simulation(dtype, head_dim, causal, smooth_q, quant):
-    from sagebwd.bench import check_case
     r = check_case((1, 4, 2048, head_dim), dtype, causal, smooth_q, reruns=5, quant=quant)
     assert r["all_written"], "an output element was left unwritten (NaN from the poisoned allocator)"
     assert r["identical_over_5_reruns"], "reruns differ: a race"
@@ -57,23 +58,26 @@ def _model_layout(v, do):
     return qkv.permute(2, 0, 3, 1, 4)[2], do.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-def _forward_backward(shape, causal, gluon, layout="contiguous"):
-    from sagebwd.triton import _common, attention
-    _common.LAUNCH_OVERRIDES["gluon"] = gluon
-    try:
-        g = torch.Generator(device="cuda").manual_seed(7)
-        q, k, v, do = [torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
-        if layout == "misaligned":   # contiguous, but 2 bytes past a 16-byte boundary (TMA needs 16)
-            v, do = [torch.cat([t.new_zeros(1), t.flatten()])[1:].view(shape) for t in (v, do)]
-        elif layout == "ulysses":     # DeepSpeed's (seq, batch, heads, dim) permuted to (batch, heads, seq, dim)
-            v, do = [t.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for t in (v, do)]
-        elif layout == "model":       # v from the model's qkv projection, dO the transpose of the output's grad
-            v, do = _model_layout(v, do)
-        q, k, v = [t.requires_grad_() for t in (q, k, v)]
-        o = attention(q, k, v, causal)
-        return [o.detach(), *torch.autograd.grad(o, (q, k, v), do)]
-    finally:
-        _common.LAUNCH_OVERRIDES.pop("gluon")
+def _forward_backward(shape, causal, kernels, layout="contiguous"):
+    from sagebwd.triton import attention
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v, do = [torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
+    if layout == "misaligned":   # contiguous, but 2 bytes past a 16-byte boundary (TMA needs 16)
+        v, do = [torch.cat([t.new_zeros(1), t.flatten()])[1:].view(shape) for t in (v, do)]
+    elif layout == "ulysses":     # DeepSpeed's (seq, batch, heads, dim) permuted to (batch, heads, seq, dim)
+        v, do = [t.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for t in (v, do)]
+    elif layout == "model":       # v from the model's qkv projection, dO the transpose of the output's grad
+        v, do = _model_layout(v, do)
+    q, k, v = [t.requires_grad_() for t in (q, k, v)]
+    o = attention(q, k, v, causal, kernels=kernels)
+    return [o.detach(), *torch.autograd.grad(o, (q, k, v), do)]
+
+
+TRITON = "triton"                                     # the Triton kernels everywhere (the reference)
+GLUON_DKDV, GLUON_DQ = "triton,dkdv=gluon-ws", "triton,dq=gluon-ws"
+DEFAULT = "default"                                   # Gluon dK/dV, and dQ at d=128 (registry)
+GLUON_FORWARD = "triton,forward=gluon,dkdv=gluon-ws"  # the experimental Gluon forward
+ALL = "default,forward=gluon,fused"                   # every Gluon kernel where it applies
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
@@ -81,21 +85,21 @@ def _forward_backward(shape, causal, gluon, layout="contiguous"):
                                    (1, 2, 128, 128), (1, 2, 4224, 64), (1, 2, 4224, 128)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gluon_kernels_match_the_triton_kernels(shape, causal):
-    """SAGEBWD_GLUON's kernels against the Triton ones on the same inputs. dK/dV does the same
+    """The Gluon kernels (registry choices) against the Triton ones on the same inputs. dK/dV does the same
     arithmetic in the same order (exact INT8 sums, chained in int32): bit-identical. The forward
     applies each tile's O update one iteration later: within an output rounding of it. dQ
     likewise (and the tile scales it writes for dK/dV): bit-identical.
     (384 rows: causal kv tiles that start in the middle of a q block, and an odd number of q
     blocks; 128 rows: one q block, whose only kv tiles are the diagonal ones; 4224 rows: 33 q
     blocks, one more than the Gluon dK/dV stages scales for at a time.)"""
-    ref = _forward_backward(shape, causal, ())
-    for kernels in (("dkdv",), ("dq",), ("dkdv", "dq")):
+    ref = _forward_backward(shape, causal, TRITON)
+    for kernels in (GLUON_DKDV, GLUON_DQ, DEFAULT):
         got = _forward_backward(shape, causal, kernels)
         for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
             assert torch.equal(a, b), f"{name}: the Gluon {kernels} changed {int((a != b).sum())} elements"
-    both = _forward_backward(shape, causal, ("forward", "dkdv"))
+    both = _forward_backward(shape, causal, GLUON_FORWARD)
     assert all(bool(torch.isfinite(t).all()) for t in both)
-    assert all(torch.equal(a, b) for a, b in zip(both, _forward_backward(shape, causal, ("forward", "dkdv"))))
+    assert all(torch.equal(a, b) for a, b in zip(both, _forward_backward(shape, causal, GLUON_FORWARD)))
     for name, a, b in zip(("o", "dq", "dk", "dv"), both, ref):
         err = float((a.double() - b.double()).norm() / b.double().norm())
         assert err <= 1e-3, f"{name}: Gluon forward vs Triton forward {err:.2e}"
@@ -104,14 +108,11 @@ def test_gluon_kernels_match_the_triton_kernels(shape, causal):
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
 @pytest.mark.parametrize("shape", [(2, 3, 384, 64), (2, 3, 384, 128), (1, 2, 4224, 64), (1, 2, 4224, 128)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_warp_specialised_kernels_match_their_references(shape, causal, monkeypatch):
+def test_warp_specialised_kernels_match_their_references(shape, causal):
     """The warp-specialised Gluon dK/dV and dQ (the defaults) against the same Gluon kernels
     issuing their own loads, which stay the reference and the fallback: bit-identical."""
-    from sagebwd.triton import dkdv_hopper, dq_hopper
-    got = _forward_backward(shape, causal, ("dkdv", "dq"))
-    monkeypatch.setattr(dkdv_hopper, "WARP_SPECIALISED", ())
-    monkeypatch.setattr(dq_hopper, "WARP_SPECIALISED", False)
-    ref = _forward_backward(shape, causal, ("dkdv", "dq"))
+    got = _forward_backward(shape, causal, DEFAULT)
+    ref = _forward_backward(shape, causal, "default,dkdv=gluon,dq=gluon")
     for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
         assert torch.equal(a, b), f"{name}: warp specialisation changed {int((a != b).sum())} elements"
 
@@ -120,8 +121,8 @@ def test_warp_specialised_kernels_match_their_references(shape, causal, monkeypa
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("layout", ["misaligned", "ulysses", "model"])
 def test_gluon_backward_takes_any_layout_of_v_and_do(layout, head_dim):
-    ref = _forward_backward((2, 3, 384, head_dim), True, ())
-    got = _forward_backward((2, 3, 384, head_dim), True, ("dkdv", "dq"), layout)
+    ref = _forward_backward((2, 3, 384, head_dim), True, TRITON)
+    got = _forward_backward((2, 3, 384, head_dim), True, DEFAULT, layout)
     for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
         assert torch.equal(a, b), f"{name} differs with {layout} v/dO"
 
@@ -130,20 +131,14 @@ def test_gluon_backward_takes_any_layout_of_v_and_do(layout, head_dim):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gluon_kernels_match_simulation(causal, head_dim):
-    from sagebwd.bench import check_case
-    from sagebwd.triton import _common
-    _common.LAUNCH_OVERRIDES["gluon"] = _common.GLUON_KERNELS
-    try:
-        r = check_case((1, 4, 2048, head_dim), torch.bfloat16, causal, False, reruns=5)
-    finally:
-        _common.LAUNCH_OVERRIDES.pop("gluon")
+    r = check_case((1, 4, 2048, head_dim), torch.bfloat16, causal, False, reruns=5, kernels=ALL)
     # every output bit-identical over the reruns, except dQ where the fused backward (its atomics) ran
     assert r["all_written"] and r["reproducible"]
     for name, err in r["rel_l2_vs_sim"].items():
         assert err <= TOLERANCE[torch.bfloat16], f"{name}: Gluon kernels vs simulation {err:.2e}"
 
 
-FUSED = ("dkdv", "dq", "fused")
+FUSED = "default,fused"
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
@@ -153,19 +148,13 @@ def test_fused_backward_matches_simulation_and_the_two_kernels(shape, causal):
     """The opt-in one-kernel backward (fused_hopper) against the simulation, and against the default
     two-kernel backward on the same inputs: the same contract, with tile scales from the other
     orientation's dP sums (last bits) and dQ summed by atomics in any order. O, dK, dV rerun
-    bit-identical; dQ within bench.DQ_RERUN_TOLERANCE. (384 rows: an odd number of q blocks, the
+    bit-identical; dQ within kernel_checks.DQ_RERUN_TOLERANCE. (384 rows: an odd number of q blocks, the
     causal diagonal block after the loop; 4224: 33 q blocks, the ring wrapping many times.)"""
-    from sagebwd.bench import check_case
-    from sagebwd.triton import _common
-    _common.LAUNCH_OVERRIDES["gluon"] = FUSED
-    try:
-        r = check_case(shape, torch.bfloat16, causal, False, reruns=5)
-    finally:
-        _common.LAUNCH_OVERRIDES.pop("gluon")
+    r = check_case(shape, torch.bfloat16, causal, False, reruns=5, kernels=FUSED)
     assert r["fused_backward"] and r["all_written"] and r["reproducible"], r
     for name, err in r["rel_l2_vs_sim"].items():
         assert err <= TOLERANCE[torch.bfloat16], f"{name}: fused backward vs simulation {err:.2e}"
-    fused, ref = _forward_backward(shape, causal, FUSED), _forward_backward(shape, causal, ("dkdv", "dq"))
+    fused, ref = _forward_backward(shape, causal, FUSED), _forward_backward(shape, causal, DEFAULT)
     assert torch.equal(fused[0], ref[0])   # the forward is the same
     for name, a, b in zip(("dq", "dk", "dv"), fused[1:], ref[1:]):
         err = float((a.double() - b.double()).norm() / b.double().norm())
@@ -185,8 +174,7 @@ def test_fused_backward_takes_any_layout_of_v_and_do(layout):
 def test_cuda_graph_replay_matches_eager():
     """One fwd+bwd captured in a CUDA graph (the remedy where the op is launch-bound) replays to
     the eager outputs bit for bit: no host synchronisation, nothing read back on the host."""
-    from sagebwd.bench import graph_vs_eager
-    rows = graph_vs_eager([(1, 2, 512, 64), (1, 2, 384, 128)])
+    rows = [graph_and_compiled(shape) for shape in [(1, 2, 512, 64), (1, 2, 384, 128)]]
     assert all(r["identical"] for r in rows)
     # eager calls skip the custom ops' dispatch (ops._EagerAttention), compiled ones run the ops
     assert all(r["compiled_identical"] for r in rows)

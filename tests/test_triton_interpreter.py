@@ -83,22 +83,22 @@ def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strid
         q, k, v = [torch.randn(b, h, n, d, generator=gen).to(dtype).requires_grad_() for _ in range(3)]
     do = torch.randn(b, h, n, d, generator=gen).to(dtype)
 
-    from sagebwd.triton._common import LAUNCH_OVERRIDES
-    LAUNCH_OVERRIDES.clear()
+    from sagebwd.triton.launch import Tuning
+    tuning = Tuning()   # the block shapes a case asks for, passed to its calls
     if name.endswith("-rows128"):
-        LAUNCH_OVERRIDES["forward_rows"] = 128
+        tuning.overrides["forward_rows"] = 128
     if name.endswith("-separate"):
-        LAUNCH_OVERRIDES["dkdv_blocks"] = {"separate": True}
+        tuning.overrides["dkdv_blocks"] = {"separate": True}
     if name.endswith("-chain"):
-        LAUNCH_OVERRIDES["dkdv_blocks"] = {"cols": 64}
+        tuning.overrides["dkdv_blocks"] = {"cols": 64}
     if name.endswith("-onelaunch"):
-        LAUNCH_OVERRIDES["dkdv_blocks"] = {"separate": False, "split_d": 2}
+        tuning.overrides["dkdv_blocks"] = {"separate": False, "split_d": 2}
     start = time.time()
-    o = attention(q, k, v, causal, True, smooth_q, block_q, block_kv, quant)
+    o = attention(q, k, v, causal, True, smooth_q, block_q, block_kv, quant, tuning=tuning)
     grads = torch.autograd.grad(o, (q, k, v), do)
     seconds = time.time() - start
     with torch.no_grad():   # the inference path (no transposed copies) must give the same O
-        o_inference = attention(q, k, v, causal, True, smooth_q, block_q, block_kv, quant)
+        o_inference = attention(q, k, v, causal, True, smooth_q, block_q, block_kv, quant, tuning=tuning)
 
     # The backward is defined given the O the forward returned: feed the simulation's backward
     # the kernel's O, so that 1-ulp differences of O do not move delta and flip dS integers.

@@ -1,4 +1,5 @@
-"""sagebwd.triton's launcher retries with fewer pipeline stages when shared memory runs out.
+"""sagebwd.triton's launcher retries with fewer pipeline stages when shared memory runs out; the
+kernel registry reads a choice or says what it takes.
 
 The defaults are tuned on an H200 (227 KB per block); an RTX 4090 has 99 KB. Triton raises
 OutOfResources only where a driver loads the kernel, so a stand-in kernel raises it here.
@@ -10,7 +11,7 @@ import pytest
 triton = pytest.importorskip("triton")
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
-from sagebwd.triton import _common  # noqa: E402
+from sagebwd.triton import launch, registry  # noqa: E402
 
 
 class _StandInKernel:
@@ -30,59 +31,70 @@ class _StandInKernel:
 
 def test_launch_drops_stages_until_the_kernel_fits_and_remembers():
     kernel = _StandInKernel(fits_at=1)
-    assert _common.launch("standin-a", kernel, (1,), 0, BLOCK=64, num_warps=4, num_stages=3) == \
+    report = launch.Tuning(compiled={})   # the benchmark's kernel report
+    assert launch.launch("standin-a", kernel, (1,), 0, BLOCK=64, num_warps=4, num_stages=3, tuning=report) == \
         "compiled with 1 stages"
     assert kernel.tried == [3, 2, 1]
-    assert _common.COMPILED["standin-a"] == "compiled with 1 stages"
-    _common.launch("standin-a", kernel, (1,), 0, BLOCK=64, num_warps=4, num_stages=3)
+    assert report.compiled["standin-a"] == "compiled with 1 stages"
+    launch.launch("standin-a", kernel, (1,), 0, BLOCK=64, num_warps=4, num_stages=3)
     assert kernel.tried[3:] == [1]                     # the fitted depth is reused
-    _common.launch("standin-a", kernel, (1,), 0, BLOCK=32, num_warps=4, num_stages=3)
+    launch.launch("standin-a", kernel, (1,), 0, BLOCK=32, num_warps=4, num_stages=3)
     assert kernel.tried[4:] == [3, 2, 1]               # other compile-time arguments: tried afresh
 
 
 def test_launch_reraises_what_fewer_stages_cannot_fix():
     with pytest.raises(OutOfResources):
-        _common.launch("standin-b", _StandInKernel(fits_at=0), (1,), 0, num_warps=4, num_stages=2)
+        launch.launch("standin-b", _StandInKernel(fits_at=0), (1,), 0, num_warps=4, num_stages=2)
     with pytest.raises(OutOfResources):   # registers, not shared memory: no retry
-        _common.launch("standin-c", _StandInKernel(fits_at=1, error="registers"), (1,), 0, num_stages=3)
+        launch.launch("standin-c", _StandInKernel(fits_at=1, error="registers"), (1,), 0, num_stages=3)
 
 
-def test_gluon_selection_is_validated_and_never_leaves_sm90(monkeypatch):
-    """SAGEBWD_GLUON picks the Gluon (Hopper) kernels; a typo fails with the accepted names, and
-    off a CUDA device (here: the CPU, as under the interpreter) the Triton kernels always run."""
+def test_kernel_choice_is_validated_and_never_leaves_sm90():
+    """The registry reads `kernels`: a typo fails with what is accepted, and off Hopper (here: the
+    CPU, as under the interpreter) the Triton kernels always run, whatever was chosen."""
     import torch
-    assert _common.parse_gluon("all", "x") == _common.GLUON_KERNELS
-    assert _common.parse_gluon(" Forward , dkdv ", "x") == ("forward", "dkdv")
-    assert _common.parse_gluon("none", "x") == ()
-    assert _common.parse_gluon("default", "x") == _common.GLUON_DEFAULT == ("dkdv", "dq")
-    assert _common.parse_gluon("default,fused", "x") == ("dkdv", "dq", "fused")   # a set plus one
-    assert _common.parse_gluon("dq,default", "x") == ("dq", "dkdv")
-    monkeypatch.setenv("SAGEBWD_GLUON", "forward,dkvd")
-    with pytest.raises(ValueError, match=r"SAGEBWD_GLUON='forward,dkvd': unknown kernel\(s\) \['dkvd'\]; "
-                                         r"use a comma list of forward, dkdv, dq, fused \(where 'all' and "
-                                         r"'default' stand for their sets\), or 'none'"):
-        _common.gluon_kernels(torch.device("cpu"))
-    monkeypatch.setenv("SAGEBWD_GLUON", "all")
-    assert _common.gluon_kernels(torch.device("cpu")) == frozenset()
-    monkeypatch.delenv("SAGEBWD_GLUON")
-    _common.RECORDED = []   # what the offline compiler builds: the defaults
-    try:
-        assert _common.gluon_kernels(torch.device("cpu")) == frozenset({"dkdv", "dq"})
-    finally:
-        _common.RECORDED = None
+    import sagebwd
+    assert registry.parse("triton") == registry.Choice("triton", "triton", "triton")
+    assert registry.parse(" Triton , dkdv=Gluon-WS ") == registry.Choice("triton", "triton", "gluon-ws")
+    assert registry.parse("default") == registry.Choice()
+    assert registry.parse("default,fused") == registry.Choice("default", "fused", "fused")   # a set plus one
+    assert registry.parse("dq=triton,default") == registry.Choice()                          # left to right
+    with pytest.raises(registry.KernelChoiceError, match=r"kernels='forward=gluon,dkvd=gluon': cannot read "
+                                                         r"'dkvd=gluon'; use a comma list of default, triton, fused"):
+        registry.parse("forward=gluon,dkvd=gluon")
+    with pytest.raises(registry.KernelChoiceError, match=r"dkdv has no kernel 'glon'; choose default or one of "
+                                                         r"fused, gluon, gluon-ws, triton"):
+        registry.parse("dkdv=glon")
+    with pytest.raises(registry.KernelChoiceError, match="choose it for both passes"):
+        registry.parse("dq=fused")
+    with pytest.raises(sagebwd.SageBwdInputError, match="cannot read 'all'"):
+        sagebwd.attention(*[torch.zeros(1, 1, 128, 64)] * 3, backend="simulate", kernels="all")
+    assert registry.arch_of(torch.device("cpu")) == "generic"
+    for pass_ in registry.PASSES:
+        for d in registry.HEAD_DIMS:
+            assert registry.select("generic", d, pass_, "block", "default,forward=gluon,fused").name == "triton"
+    # what an H100/H200 runs by default: the Gluon dK/dV, and the Gluon dQ at d=128 only
+    assert [registry.select("sm90", d, p).name for d in (64, 128) for p in registry.PASSES] == [
+        "triton", "triton", "gluon-ws", "triton", "gluon-ws", "gluon-ws"]
+    # outside a kernel's limits its fallback runs: Q-smoothing, or a sequence the 128-row programs do not tile
+    shape = dict(block_q=128, block_kv=64, smooth_q=False, seq=4096)
+    assert registry.resolve("sm90", 64, "dkdv", **{**shape, "smooth_q": True}).name == "triton"
+    assert registry.resolve("sm90", 64, "dkdv", **{**shape, "seq": 192}).name == "gluon"
+    assert registry.resolve("sm90", 64, "dq", "block", "fused", **{**shape, "seq": 192}).name == "triton"
+    assert registry.select("sm90", 64, "dkdv", "token").name == "triton"   # the token contract: Triton's
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--gluon", "dkdv,fwd"], "--gluon='dkdv,fwd': unknown kernel(s) ['fwd']"),
+    (["--kernels", "dkdv,fwd"], "kernels='dkdv,fwd': cannot read 'dkdv'"),
     (["--kernel-times", "--kernel-shapes", "8,8,4096"], "'8,8,4096': expected four positive integers B,H,N,D"),
     (["--kernel-times", "--kernel-masks", "sliding"], "invalid choice: 'sliding'"),
     (["--kernel-times", "--kernel-layout", "rows"], "invalid choice: 'rows'"),
 ])
 def test_bench_rejects_bad_flags_before_looking_for_a_gpu(argv, message, capsys):
     """The benchmark's new flags fail on any machine, with what was wrong, before it asks for CUDA."""
-    from sagebwd import bench
+    from benchmarks import attention
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(argv)
+        attention.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -91,7 +103,7 @@ def test_dq_add_bench_says_it_needs_a_gpu(monkeypatch, capsys):
     """The fused-backward cost benchmark is GPU-only: without CUDA it says so and exits 2."""
     import torch
 
-    from sagebwd.triton import dq_add_bench
+    from tools import dq_add_bench
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert dq_add_bench.main() == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from sagebwd.triton import offline  # noqa: E402
+from tools import offline  # noqa: E402
 
 HOPPER_SHARED_BYTES = 232448   # per block, opt-in maximum of H100 and H200
 
@@ -38,7 +38,7 @@ def test_gluon_kernels_compile_with_the_tensor_cores_left_running():
     sm_90 with this Triton: INT8 dots on wgmma, at least one wait that leaves a wgmma group in flight (the point of writing
     them: the Triton kernels wait for every dot at once), no more than the registers and shared
     memory an H100/H200 gives a block."""
-    rows = offline.report((64, 128), arch=90, seq=1024, gluon=("forward", "dkdv", "dq"))
+    rows = offline.report((64, 128), arch=90, seq=1024, kernels="default,forward=gluon")
     gluon = [r for r in rows if "STAGES" in r["constexprs"]]
     assert sorted((r["head_dim"], r["kernel"]) for r in gluon) == [
         (64, "dkdv"), (64, "forward"), (128, "dk"), (128, "dq"), (128, "dv"), (128, "forward")]
@@ -62,7 +62,7 @@ def test_gluon_kernels_compile_with_the_tensor_cores_left_running():
                                           (["--blocks", "128", "48"], "BLOCK_KV=48"),
                                           (["--arch", "80"], "Hopper"),
                                           (["--measured", "bench.json"], "goes with --loop-mix"),
-                                          (["--gluon", "forward,dqq"], "unknown kernel(s) ['dqq']"),
+                                          (["--kernels", "default,dq=dqq"], "dq has no kernel 'dqq'"),
                                           (["--loop-mix", "--measured", "/nonexistent/bench.json"],
                                            "/nonexistent/bench.json")])
 def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys):
@@ -72,8 +72,8 @@ def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys)
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("gluon", [(), ("forward", "dkdv", "dq")], ids=["triton", "gluon"])
-def test_loop_mix_counts_one_exp_per_score_element(gluon):
+@pytest.mark.parametrize("kernels", ["triton", "default,forward=gluon"], ids=["triton", "gluon"])
+def test_loop_mix_counts_one_exp_per_score_element(kernels):
     """The SASS loop mix of each main loop (the issue-floor model of docs/kernel-notes.md): the
     backward loops evaluate exp2 once per score element, the forward once plus its per-row
     rescale; a kernel that computed P twice, or a loop model with the wrong elements per trip,
@@ -81,7 +81,8 @@ def test_loop_mix_counts_one_exp_per_score_element(gluon):
     not be taken for the main loop. And no lane shuffles (SHFL.IDX) move P^ or dS^ from the
     accumulator into the A operand of their INT8 dots: the B copies are in k order
     (_common.to_k_order); without it each loop has 0.25 per quantised element."""
-    rows = offline.loop_mix_report((64, 128), gluon=gluon)
+    rows = offline.loop_mix_report((64, 128), kernels=kernels)
+    gluon = () if kernels == "triton" else ("forward", "dkdv", "dq")   # the passes built in Gluon
     by_kernel = {(r["head_dim"], r["kernel"]): r for r in rows}
     assert {(64, "forward"), (64, "dq"), (64, "dkdv"), (128, "dv"), (128, "dk")} <= set(by_kernel)
     for (d, name), r in by_kernel.items():
@@ -116,13 +117,13 @@ def test_loop_mix_sees_spills_in_the_causal_loop(monkeypatch):
     column of the loop mix can show it."""
     from sagebwd.triton import dkdv_hopper
     monkeypatch.setattr(dkdv_hopper, "DK_DIAG_IN_LOOP", False)
-    monkeypatch.setattr(dkdv_hopper, "WARP_SPECIALISED", ())   # v27's pass: not warp specialised
-    dk = next(r for r in offline.loop_mix_report((128,)) if r["kernel"] == "dk")
+    # that pass as it was then: not warp specialised
+    dk = next(r for r in offline.loop_mix_report((128,), kernels="dkdv=gluon") if r["kernel"] == "dk")
     assert dk["causal_loop_local_ops"] > 10
 
 
 def test_loop_finder_and_causal_tile_count():
-    from sagebwd.triton import sass_mix
+    from tools import sass_mix
     sass = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
 .L_x_0:
@@ -165,7 +166,7 @@ def test_gluon_backward_builds_for_the_models_strided_v_and_do(head_dim):
     Gluon dK/dV and dQ read them in place through 4-D TMA descriptors (no copies). That variant
     of the kernels must build too (the GPU tests run it against the contiguous one)."""
     import torch
-    from sagebwd.triton import dkdv_hopper, dq_hopper
+    from sagebwd.triton import dq_hopper, hopper, registry
     b, h, n, d = 1, 2, 512, head_dim
     v = torch.zeros(b, n, 3, h, d, dtype=torch.bfloat16).permute(2, 0, 3, 1, 4)[2]
     do = torch.zeros(b, n, h, d, dtype=torch.bfloat16).transpose(1, 2)
@@ -174,11 +175,12 @@ def test_gluon_backward_builds_for_the_models_strided_v_and_do(head_dim):
     q8, k8, q8t, do8t = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n), i8(b, h, d, n)
     s_q, s_k, lse2, delta = f32(b * h, n // 128), f32(b * h, n // 64), f32(b * h, n), f32(b * h, n)
     tile_scales, out = f32(b * h, n // 128, n // 64, 4), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
-    launches = [(kernel, args, kwargs) for _, kernel, _, args, kwargs in dkdv_hopper.launches(
-        q8, q8t, s_q, k8, s_k, v, do, do8t, s_q, lse2, delta, tile_scales, out, out, causal=True, block_q=128)]
-    if dq_hopper.supports(head_dim=d, block_q=128, block_kv=64, smooth_q=False):
-        _, args, kwargs = dq_hopper.launch_args(q8, k8, q8t, s_q, s_k, v, do, lse2, delta, out, tile_scales,
-                                                causal=True)
+    launches = [(kernel, args, kwargs) for _, kernel, _, args, kwargs in hopper.dkdv_launches(
+        q8, q8t, s_q, k8, s_k, v, do, do8t, s_q, lse2, delta, tile_scales, out, out, causal=True, block_q=128,
+        ws=True)]
+    if registry.select("sm90", d, "dq").name == "gluon-ws":
+        _, args, kwargs = hopper.dq_launch_args(q8, k8, q8t, s_q, s_k, v, do, lse2, delta, out, tile_scales,
+                                                causal=True, ws=True)
         launches.append((dq_hopper._dq_kernel, args, kwargs))
     for kernel, args, kwargs in launches:
         descriptors = [a for a in args if type(a).__name__ == "TensorDescriptor"]
@@ -191,11 +193,11 @@ def test_gluon_backward_builds_for_the_models_strided_v_and_do(head_dim):
 
 @pytest.mark.parametrize("mode", [1, 2])
 def test_dq_add_bench_builds_its_atomics_and_tma_reductions(mode):
-    """The fused-backward cost benchmark (sagebwd.triton.dq_add_bench, GPU only) still compiles for
+    """The fused-backward cost benchmark (tools.dq_add_bench, GPU only) still compiles for
     sm_90 and measures what it says: per-element atomics, or TMA bulk reductions."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from sagebwd.triton import dq_add_bench
+    from tools import dq_add_bench
 
     signature = {"DQ": "*fp32", "desc": "tensordesc<fp32[128, 64]>", "N": "i32", "D": "constexpr",
                  "MODE": "constexpr", "CAUSAL": "constexpr"}
@@ -215,9 +217,9 @@ def test_fused_backward_builds_for_hopper(causal):
     memory footprint an H100/H200 takes, and no spill traffic inside its main loop (the causal
     build took 24 spill loads and stores per trip while its diagonal block ran before the loop)."""
     import re
-    from sagebwd.triton import sass_mix
+    from tools import sass_mix
     launches = {name: (kernel, args, kwargs) for name, kernel, args, kwargs in offline.record_launches(
-        (1, 2, 1024, 64), causal=causal, gluon=("dkdv", "dq", "fused"))}
+        (1, 2, 1024, 64), causal=causal, kernels="default,fused")}
     assert "fused" in launches and "dq" not in launches and "dkdv" not in launches
     kernel, args, kwargs = launches["fused"]
     row = offline.compile_launch("fused", kernel, args, kwargs)
@@ -237,7 +239,7 @@ def test_pair_order_from_k_order():
     """The fused backward's K^T: quantize.py writes k order, the kernel reads pair order."""
     import torch
     from sagebwd.triton._common import k_order_index
-    from sagebwd.triton.fused_hopper import pair_order_from_k_order, pair_order_index
+    from sagebwd.triton.experimental.fused_hopper import pair_order_from_k_order, pair_order_index
     assert pair_order_index(16).tolist() == [0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15]
     x = torch.arange(2 * 3 * 4 * 64).reshape(2, 3, 4, 64)
     k_ordered = x[..., k_order_index(64)]

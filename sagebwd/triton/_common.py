@@ -1,4 +1,4 @@
-"""Small Triton helpers shared by the SageBwd kernels: the INT8 rounding rule and launch settings.
+"""Small Triton helpers shared by the SageBwd kernels: the INT8 rounding rule and the output layout.
 
 The quantisation rule is the one in :mod:`sagebwd.quant` (the paper's psi): per block,
 ``scale = amax / 127``, ``inv = 127 / amax`` (0 for an all-zero block), both single
@@ -7,7 +7,6 @@ IEEE-rounded fp32 divisions (``div_rn``: Triton's ``/`` is approximate on the GP
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -19,15 +18,6 @@ LOG2E = tl.constexpr(1.4426950408889634)   # kernels may read only constexpr glo
 LN2 = tl.constexpr(0.6931471805599453)
 
 
-# The last compiled kernel of each launcher, for the benchmark's register/spill/SASS report.
-COMPILED: dict = {}
-
-
-# Launch settings (num_warps, num_stages) to use instead of the defaults, by kernel name;
-# set only by the benchmark's sweep.
-LAUNCH_OVERRIDES: dict = {}
-
-
 def empty_in_layout_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A dense tensor of t's shape in t's dimension order, head_dim innermost (contiguous where t's
     head_dim is not unit-stride): where the op writes O and the gradients, as FlashAttention does.
@@ -37,109 +27,6 @@ def empty_in_layout_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if t.stride(-1) != 1:
         return torch.empty(t.shape, device=t.device, dtype=dtype)
     return torch.empty_like(t, dtype=dtype)
-
-
-def remember(name: str, compiled) -> None:
-    COMPILED[name] = compiled
-
-
-# Pipeline depth that fitted, per (kernel name, compile-time arguments, device): the defaults
-# are tuned on an H200 (227 KB of shared memory per block); smaller parts (an RTX 4090 has
-# 99 KB) or large blocks get fewer stages instead of an error.
-_FITTED_STAGES: dict = {}
-
-
-# Set by sagebwd.triton.offline: launches are recorded (name, kernel, args, kwargs), not run.
-RECORDED: list | None = None
-
-
-def launch(name: str, kernel, grid, *args, **kwargs):
-    """kernel[grid](*args, **kwargs), retried with one pipeline stage fewer while the compiled
-    kernel needs more shared memory than the device has. Remembers the compiled kernel."""
-    from triton.runtime.errors import OutOfResources
-    if RECORDED is not None:
-        RECORDED.append((name, kernel, args, kwargs))
-        return None
-    key = (name, tuple(sorted((k, v) for k, v in kwargs.items() if not hasattr(v, "data_ptr"))),
-           getattr(args[0], "device", None))
-    if key in _FITTED_STAGES:
-        kwargs = {**kwargs, "num_stages": _FITTED_STAGES[key]}
-    while True:
-        try:
-            compiled = kernel[grid](*args, **kwargs)
-            break
-        except OutOfResources as err:
-            stages = kwargs.get("num_stages", 3)
-            if "shared memory" not in str(err) or stages <= 1:
-                raise
-            kwargs = {**kwargs, "num_stages": stages - 1}
-            _FITTED_STAGES[key] = stages - 1
-    remember(name, compiled)
-    return compiled
-
-
-# Keyword arguments of a launch that are compiler options rather than kernel arguments.
-LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion")
-
-
-def launch_settings(name: str, default: dict) -> dict:
-    """The compiler options of kernel `name`: its defaults, with the benchmark's overrides."""
-    if interpreting():
-        return dict(num_warps=1, num_stages=1)
-    override = LAUNCH_OVERRIDES.get(name, {})
-    merged = {**default, **(override if isinstance(override, dict) else {})}
-    return {k: v for k, v in merged.items() if k in LAUNCH_OPTIONS}
-
-
-# Kernels with a Gluon (Hopper) version, and those that run by default: dK/dV and dQ are
-# bit-identical to the Triton kernels and faster on an H200 (dK/dV 8-24% at d=64 and d=128, dQ
-# 8-14% at d=128; at d=64 the Triton dQ runs); the forward is not faster overall
-# (docs/kernel-notes.md, v14-v19). "fused" is the one-kernel backward at d=64 (fused_hopper:
-# dQ added with atomics, so not bit-reproducible run to run).
-GLUON_KERNELS = ("forward", "dkdv", "dq", "fused")
-GLUON_DEFAULT = ("dkdv", "dq")
-
-
-def parse_gluon(text: str, source: str) -> tuple:
-    """The kernel names of a SAGEBWD_GLUON / --gluon value, or a ValueError that says what is accepted.
-    A comma list of kernel names, in which 'all' and 'default' stand for their sets ("default,fused"),
-    or 'none'."""
-    text = text.strip().lower()
-    if text == "none":
-        return ()
-    groups = {"all": GLUON_KERNELS, "default": GLUON_DEFAULT}
-    chosen = []
-    for name in (t.strip() for t in text.split(",")):
-        for kernel in groups.get(name, (name,)):
-            if kernel not in chosen:
-                chosen.append(kernel)
-    unknown = set(chosen) - set(GLUON_KERNELS)
-    if unknown:
-        raise ValueError(f"{source}={text!r}: unknown kernel(s) {sorted(unknown)}; use a comma list of "
-                         f"{', '.join(GLUON_KERNELS)} (where 'all' and 'default' stand for their sets), or 'none'")
-    return tuple(chosen)
-
-
-def gluon_kernels(device) -> frozenset:
-    """Which kernels run as their Gluon (Hopper) versions: ``SAGEBWD_GLUON`` = a comma list of
-    GLUON_KERNELS, "all", "none" or "default" (GLUON_DEFAULT, also when unset), or the
-    benchmark's override; only on sm_90 and never under the interpreter (Gluon has none). The
-    Triton kernels stay the reference, and run wherever a Gluon kernel does not apply."""
-    chosen = LAUNCH_OVERRIDES.get("gluon")
-    if chosen is None:
-        chosen = parse_gluon(os.environ.get("SAGEBWD_GLUON", "default"), "SAGEBWD_GLUON")
-    if RECORDED is not None:   # sagebwd.triton.offline compiles for sm_90 on a CPU
-        return frozenset(chosen)
-    if interpreting() or getattr(device, "type", None) != "cuda":
-        return frozenset()
-    if not _is_hopper(device.index):
-        return frozenset()
-    return frozenset(chosen)
-
-
-@functools.lru_cache(maxsize=None)
-def _is_hopper(index) -> bool:
-    return torch.cuda.get_device_capability(index)[0] == 9
 
 
 def interpreting() -> bool:
@@ -209,7 +96,7 @@ def round_scaled_to_int8(x, inv):
 # int8 = round(254 y) - 127, the clamp is the fma's own saturation (ptxas folds the min/max
 # into FFMA.SAT), and with kq = 1 / (254 s_dS) folded into dP - delta, the whole step is three
 # fmas where the plain form took FADD, FMUL, FFMA and two clamps (FMNMX): -1.4 instructions
-# per score element (v25). It differs from round(dS / s_dS) within ~1.5e-5 of a rounding tie
+# per score element. It differs from round(dS / s_dS) within ~1.5e-5 of a rounding tie
 # (y carries 24 bits over [0, 1], a step is 1/254) and on exact ties (the offset 127 is odd):
 # flips of one step in ~1e-5 of the elements, which moved dK from 1.9e-4 to 4.6e-4 of the
 # simulation's (rel. L2, H200 --check; tolerance 5e-3, the INT8 error itself ~4.5e-2). Keeping
@@ -267,7 +154,7 @@ def int_to_float(x):
 
     A plain conversion: on Hopper it is one I2FP, which measured faster than the magic-number
     form (add 0x4B400000, reinterpret, subtract 1.5 * 2**23: two ops, plus MOVs that preset
-    the dot's accumulator): -3% over forward, dQ and dK/dV (docs/kernel-notes.md, v12).
+    the dot's accumulator): -3% over forward, dQ and dK/dV (docs/kernel-notes.md).
     """
     return x.to(tl.float32)
 
@@ -287,7 +174,7 @@ def tile_scales(amax, EXACT_SCALE: tl.constexpr):
     fl(1/127) (1 ulp), or by IEEE division if EXACT_SCALE. These tiles already differ from the
     simulation in their last bits (exp2, tensor-core sums), and the IEEE divisions of
     block_scales take ~8 instructions each with a slow-path check, four per tile: 1.5 of the
-    d=64 dQ kernel's 19 instructions per score element (v27). inv never exceeds 127 / amax by
+    d=64 dQ kernel's 19 instructions per score element. inv never exceeds 127 / amax by
     enough to round amax past 127. EXACT_SCALE is for the d=128 Gluon dQ (dq_hopper), where the
     multiply moved ptxas from 252 registers to 255 and 16 bytes of spills (+2..5%)."""
     if EXACT_SCALE:

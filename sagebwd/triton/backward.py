@@ -31,16 +31,17 @@ per q block, so a row max there too). S's scale is a row vector times a column v
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import (DS_SPAN, LAUNCH_OVERRIDES, LOG2E, empty_in_layout_of, gluon_kernels, int_to_float,
-                      interpreting, launch, launch_settings, round_scaled_to_int8, saturated_ds_to_int8,
-                      tile_scales, to_k_order)
-from . import dkdv_hopper, dq_hopper, fused_hopper
+from . import registry
+from ._common import (DS_SPAN, LOG2E, empty_in_layout_of, int_to_float, interpreting, round_scaled_to_int8,
+                      saturated_ds_to_int8, tile_scales, to_k_order)
 from .forward import smooth_q_bias
+from .launch import Tuning, arch_for, launch, launch_settings, overrides
 
 # What one dK/dV launch computes (the PASS constexpr).
 BOTH = tl.constexpr(0)
@@ -379,9 +380,10 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
 
 
 def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int,
-                token: bool = False) -> tuple[int, int, int, bool, bool]:
+                token: bool = False, override: dict | None = None) -> tuple[int, int, int, bool, bool]:
     """(BLOCK_N kv rows per program, BLOCK_M q rows per slice, SPLIT_D, CHAIN, SEPARATE) of the
     dK/dV kernel; SEPARATE runs dV and dK as two launches (PASS = DV_ONLY, then DK_ONLY).
+    `override`: a tool's choice of any of rows, cols, split_d, chain, separate (Tuning.overrides).
 
     Rows come in warpgroups of 64 (wgmma M = 64), so no dot runs twice. Best of the H200 sweeps
     (docs/kernel-notes.md): a whole q block (up to 128 rows) per loop step, so each INT8 dot
@@ -389,18 +391,18 @@ def dkdv_blocks(n: int, block_q: int, block_kv: int, head_dim: int,
     SM; d=128 on two warpgroups of 128 kv rows, dV and dK as two launches. token: a slice is a
     whole q block (its row maxima run over the block).
     """
-    override = LAUNCH_OVERRIDES.get("dkdv_blocks", {})
-    # d=64: 64 kv rows on one warpgroup, two programs per SM (v10 sweep: -2.4% bwd vs 128 rows)
+    override = override or {}
+    # d=64: 64 kv rows on one warpgroup, two programs per SM (-2.4% bwd against 128 rows)
     rows = override.get("rows", 64 if head_dim <= 64 else 128)
     rows = rows if rows % block_kv == 0 and n % rows == 0 else block_kv
-    # whole q blocks (v13 sweep at d=64: -3.5% bwd against 64-row slices chained in int32)
+    # whole q blocks (at d=64: -3.5% bwd against 64-row slices chained in int32)
     cols = block_q if token else min(override.get("cols", 128), block_q)
     split = override.get("split_d", 2 if head_dim >= 128 and rows >= 128 else 1)
     # Slices of a larger q block share its scales: chain them in int32 on the tensor cores
     # (int32 accumulators beside the fp32 ones fit in registers only for head_dim 64).
     chain = bool(override.get("chain", head_dim <= 64 and cols < block_q)) and split == 1 and not token
-    # d=128: dV and dK as two launches, each with half the accumulators: no spills (v11 sweep:
-    # -11% bwd, though S and P are computed twice); at d=64 the second S/P costs more (+7-16%)
+    # d=128: dV and dK as two launches, each with half the accumulators: no spills (-11% bwd,
+    # though S and P are computed twice); at d=64 the second S/P costs more (+7-16%)
     separate = bool(override.get("separate", head_dim >= 128 and rows >= 128 and not chain))
     split = 1 if separate and "split_d" not in override else split
     return rows, cols, split, chain, separate
@@ -421,68 +423,68 @@ def _dq_launch(block_q: int, block_kv: int, d: int) -> dict:
     return launch
 
 
-def fused_applies(device, *, head_dim: int, block_q: int, block_kv: int, smooth_q: bool, seq: int) -> bool:
-    """Whether a backward runs as fused_hopper's one kernel ("fused" chosen among the Gluon kernels,
-    on sm_90, at a shape it covers)."""
-    return "fused" in gluon_kernels(device) and fused_hopper.supports(
-        head_dim=head_dim, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q, seq=seq)
+@dataclass(frozen=True)
+class BackwardCall:
+    """One backward's operands and outputs, as every dQ and dK/dV kernel's host function takes them
+    (registry.KERNELS: run(call, tuning)). tile_scales: (p_scale, p_inv, ds_scale, ds_inv) per tile,
+    kv-major (a dK/dV program's are contiguous), which the dQ kernel writes and the dK/dV kernel reads."""
+    do: torch.Tensor
+    delta: torch.Tensor
+    do8t: torch.Tensor
+    s_do: torch.Tensor
+    q8: torch.Tensor
+    q8t: torch.Tensor
+    s_q: torch.Tensor
+    k8: torch.Tensor
+    k8t: torch.Tensor
+    s_k: torch.Tensor
+    v: torch.Tensor
+    lse2: torch.Tensor
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    tile_scales: torch.Tensor | None
+    causal: bool
+    smooth_k: bool
+    mu_q: torch.Tensor | None
+    k: torch.Tensor | None
+    k_mean: torch.Tensor | None
+    block_q: int
+    block_kv: int
+    token: bool      # the "token" contract: s_q, s_k per token, no tile scales
 
 
-def _fused_backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, *, causal: bool):
-    """dQ, dK, dV from fused_hopper's one kernel: dQ is added into an fp32 buffer, then cast into dq."""
-    dqa = torch.zeros(q8.shape, device=q8.device, dtype=torch.float32)
-    grid, args, kwargs = fused_hopper.launch_args(q8, q8t, s_q, k8, fused_hopper.pair_order_from_k_order(k8t), s_k,
-                                                  v, do, do8t, s_do, lse2, delta, dk, dv, dqa, causal=causal)
-    launch("fused", fused_hopper._fused_kernel, grid, *args, **kwargs)
-    dq.copy_(dqa)
-    return dq, dk, dv
+def _triton_args(c: BackwardCall) -> tuple:
+    """(arguments after the tensors every Triton backward kernel takes, flags): the Q-smoothing operands
+    (placeholders without it), the strides, sm_scale, H, N."""
+    b, h, n, d = c.q8.shape
+    smooth_q = c.mu_q is not None
+    kf = c.k if smooth_q else c.v
+    mu = c.mu_q if smooth_q else c.s_q
+    k_mean = c.k_mean if (smooth_q and c.smooth_k) else c.s_q
+    strides = (*c.v.stride(), *c.do.stride(), *kf.stride(), *c.dq.stride()[:3])   # dk, dv: dq's
+    flags = dict(HEAD_DIM=d, CAUSAL=c.causal, SMOOTH_Q=smooth_q, SMOOTH_K=c.smooth_k, DOT_F32=interpreting(),
+                 TOKEN=c.token)
+    return (mu, kf, k_mean, *strides, 1.0 / math.sqrt(d), h, n), flags
 
 
-def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, causal: bool,
-             smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None,
-             layout_of=None, token: bool = False):
-    """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype), all three in layout_of's memory
-    order (contiguous without it; _common.empty_in_layout_of). do and v may have any strides;
-    lse2 is the forward's LSE times log2(e) (backward_preprocess writes it). token: the "token"
-    contract (s_q, s_k per token); its Triton kernels run on every GPU."""
-    b, h, n, d = q8.shape
-    dq = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype or v.dtype)
-    dk = torch.empty_like(dq)
-    dv = torch.empty_like(dq)
-    if not token and fused_applies(q8.device, head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=mu_q is not None, seq=n):
-        return _fused_backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, causal=causal)
-    # (p_scale, p_inv, ds_scale, ds_inv) per tile, kv-major: a dK/dV program's are contiguous. Zeros:
-    # causal dK/dV slices may touch tiles wholly above the diagonal, which the dQ kernel skips;
-    # zero scales make them contribute 0.
-    tile_scales = (s_q if token else   # never read with TOKEN
-                   torch.zeros(b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32))
-    smooth_q = mu_q is not None
-    kf = k if smooth_q else v
-    mu = mu_q if smooth_q else s_q
-    k_mean = k_mean if (smooth_q and smooth_k) else s_q
-    sm_scale = 1.0 / math.sqrt(d)
-    flags = dict(HEAD_DIM=d, CAUSAL=causal, SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, DOT_F32=interpreting(),
-                 TOKEN=token)
-    strides = (*v.stride(), *do.stride(), *kf.stride(), *dq.stride()[:3])   # dk, dv: dq's
-    gluon = frozenset() if token else gluon_kernels(q8.device)
-    if "dq" in gluon and dq_hopper.supports(head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
-        grid, args, kwargs = dq_hopper.launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales,
-                                                   causal=causal)
-        launch("dq", dq_hopper._dq_kernel, grid, *args, **kwargs)   # its own settings: not the sweep's
-    else:
-        launch("dq", _dq_kernel, (n // block_q, b * h),
-            q8, s_q, k8, k8t, s_k, v, do, lse2, delta, dq, tile_scales, mu, kf, k_mean, *strides, sm_scale, h, n,
-            BLOCK_M=block_q, BLOCK_N=block_kv, **flags,
-            **launch_settings("dq", _dq_launch(block_q, block_kv, d)))
-    if "dkdv" in gluon and dkdv_hopper.supports(
-            head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
-        for name, kernel, grid, args, kwargs in dkdv_hopper.launches(
-                q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, causal=causal,
-                block_q=block_q):
-            launch(name, kernel, grid, *args, **kwargs)
-        return dq, dk, dv
-    rows, cols, split_d, chain, separate = dkdv_blocks(n, block_q, block_kv, d, token)
-    step = block_q if chain else cols
+def run_dq(c: BackwardCall, tuning: Tuning | None = None) -> None:
+    """The Triton dQ kernel (registry: dq "triton")."""
+    b, h, n, d = c.q8.shape
+    tail, flags = _triton_args(c)
+    launch("dq", _dq_kernel, (n // c.block_q, b * h),
+        c.q8, c.s_q, c.k8, c.k8t, c.s_k, c.v, c.do, c.lse2, c.delta, c.dq, c.tile_scales, *tail,
+        BLOCK_M=c.block_q, BLOCK_N=c.block_kv, **flags,
+        **launch_settings("dq", _dq_launch(c.block_q, c.block_kv, d), tuning), tuning=tuning)
+
+
+def run_dkdv(c: BackwardCall, tuning: Tuning | None = None) -> None:
+    """The Triton dK/dV kernel (registry: dkdv "triton"), at d=128 as two launches (dV, then dK)."""
+    b, h, n, d = c.q8.shape
+    tail, flags = _triton_args(c)
+    rows, cols, split_d, chain, separate = dkdv_blocks(n, c.block_q, c.block_kv, d,
+                                                       c.token, overrides(tuning).get("dkdv_blocks"))
+    step = c.block_q if chain else cols
     # Per pass: (launch name, shared-memory bytes a pipeline stage loads for one loop step).
     # BOTH: Q^ in both layouts, dO^ and dO; DV_ONLY: Q^ and dO^; DK_ONLY: both Q^ and dO.
     passes = ((DV_ONLY, "dv", 2 * step * d), (DK_ONLY, "dk", 4 * step * d)) if separate else \
@@ -492,9 +494,36 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
         default = dict(num_warps=8 if rows >= 128 else 4,
                        num_stages=_stages(stage_bytes, 2 if (split_d == 2 or rows < 128) and not separate else 3))
         launch(name, _dkdv_kernel, (n // rows, b * h),
-            q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, mu, kf, k_mean,
-            *strides, sm_scale, h, n,
-            BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=block_q, KV_BLOCK=block_kv, SPLIT_D=split_d, CHAIN=chain,
+            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2, c.delta, c.tile_scales, c.dk, c.dv,
+            *tail, BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=c.block_q, KV_BLOCK=c.block_kv, SPLIT_D=split_d, CHAIN=chain,
             PASS=pass_.value, **flags,
-            **launch_settings(name if name in LAUNCH_OVERRIDES else "dkdv", default))
+            **launch_settings(name if name in overrides(tuning) else "dkdv", default, tuning), tuning=tuning)
+
+
+def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, causal: bool,
+             smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None,
+             layout_of=None, kernels: str = "default", quant: str = "block", tuning: Tuning | None = None):
+    """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype), all three in layout_of's memory
+    order (contiguous without it; _common.empty_in_layout_of). do and v may have any strides;
+    lse2 is the forward's LSE times log2(e) (backward_preprocess writes it). quant: the contract
+    ("token": s_q, s_k per token). The dQ and the dK/dV kernels are the registry's for this device,
+    contract and `kernels` (one of them may compute all three)."""
+    b, h, n, d = q8.shape
+    dq = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype or v.dtype)
+    dk = torch.empty_like(dq)
+    dv = torch.empty_like(dq)
+    arch = arch_for(q8.device, tuning)
+    shape = dict(block_q=block_q, block_kv=block_kv, smooth_q=mu_q is not None, seq=n)
+    dq_kernel, dkdv_kernel = (registry.resolve(arch, d, p, quant, kernels, **shape) for p in ("dq", "dkdv"))
+    one_kernel = (dq_kernel.run, dq_kernel.params) == (dkdv_kernel.run, dkdv_kernel.params)
+    # Zeros: causal dK/dV slices may touch tiles wholly above the diagonal, which the dQ kernel
+    # skips; zero scales make them contribute 0. The "token" contract has none (a placeholder).
+    token = quant == "token"
+    tile_scales = None if one_kernel else s_q if token else torch.zeros(
+        b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32)
+    call = BackwardCall(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, tile_scales, causal,
+                        smooth_k, mu_q, k, k_mean, block_q, block_kv, token)
+    registry.load(dq_kernel)(call, tuning)   # first: it writes the tile scales
+    if not one_kernel:
+        registry.load(dkdv_kernel)(call, tuning)
     return dq, dk, dv

@@ -1,5 +1,6 @@
-"""dK/dV kernel for Hopper in Gluon, the default on sm_90: backward.py's arithmetic in the same
-order (bit-identical dK, dV), with its memory traffic and waits placed by hand.
+"""dK/dV kernel for Hopper in Gluon (registry: dkdv "gluon"): backward.py's arithmetic in the same
+order (bit-identical dK, dV), with its memory traffic and waits placed by hand. Its per-tile loop
+(_kv_tile, _q_block) is also what the default, dkdv_ws_hopper's warp-specialised kernel, runs.
 
 64 kv rows on one warpgroup, two programs per SM, a whole 128-row q block per loop step, each
 INT8 dot result converted once per block. At d=64 one launch computes dK and dV (backward.py's
@@ -12,8 +13,8 @@ in int32 on the tensor cores (the dK/dV pass at d=64):
     P_b -> issue dV_b (onto dV_a) | dS_b -> issue dK_b (onto dK_a)
     convert dV (while dK_b runs) | convert dK
 
-What made it faster than the Triton kernel (ncu, (8,16,4096,64) causal, H200; docs/kernel-notes.md
-v15-v16) was not the overlap with the tensor cores (wgmma waits were never a large stall) but
+What makes it faster than the Triton kernel (ncu, (8,16,4096,64) causal, H200; docs/kernel-notes.md)
+is not the overlap with the tensor cores (wgmma waits were never a large stall) but
 the loads: the Triton kernel spills at 255 registers and reloads inside its loop, and both
 versions waited on global loads of LSE, delta and the block scales (long scoreboard 0.7 cycles
 per instruction). Here LSE and delta come by TMA with the q block and are read from shared
@@ -28,21 +29,18 @@ INT8 dots without lane shuffles (as_a_operand: Q^T and dO^T are in k order); dS^
 the fma itself (_saturated_ds_bits). Triton kernel -> this one, H200: (8,16,4096,64) causal
 dK/dV 1.55 -> 1.15 ms; (8,8,4096,128) 1.52 -> 1.13 ms causal, 2.68 -> 1.97 ms without a mask.
 
-Since v29 these passes run by default as dkdv_ws_hopper's warp-specialised kernel, which calls
-_q_block (WS) with a producer warp issuing every copy; this kernel is its bit-identical
-reference and runs where it does not apply (WARP_SPECIALISED).
+By default these passes run as dkdv_ws_hopper's warp-specialised kernel, which calls _q_block
+(WS) with a producer warp issuing every copy; this kernel is its bit-identical reference and runs
+where it does not apply (a sequence that is not a multiple of 128). The host side: hopper.py.
 
-Limits (else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no Q-smoothing.
+Limits (registry; else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no
+Q-smoothing.
 """
 from __future__ import annotations
 
-import functools
-
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 G_MAGIC_F = gl.constexpr(12582912.0)   # 1.5 * 2**23: see _common.MAGIC_F
 G_DS_SPAN = gl.constexpr(254.0)   # see _common.saturated_ds_to_int8
@@ -57,24 +55,18 @@ ROWS = 64       # kv rows per program = block_kv
 SLICE = 64      # q rows per slice; a q block (128) is two
 STAGES = 2      # q blocks in flight
 # d=128's dK pass loads Q^, dO, Q^T per block (80 KB per stage): one stage keeps two programs per
-# SM, two would leave one. With each slice refilled as soon as it is done (v18), one stage is the
-# faster at every length measured, causal or not (docs/kernel-notes.md, v17-v18).
+# SM, two would leave one. With each slice refilled as soon as it is done, one stage is the
+# faster at every length measured, causal or not (docs/kernel-notes.md).
 STAGES_DK128 = 1
 # Causal: the d=128 dK pass masks the diagonal q block inside its main loop (a branch taken once)
 # instead of running it peeled before the loop. The peeled copy pushed it to 255 registers with
 # 160 B spilled, and the spill reloads sat in the loop (~25 LDL/STL per block: wgmma descriptors):
-# dV + dK 1.26 -> 1.13 ms at (8,8,4096,128) (v28). The other passes do not spill peeled, and
+# dV + dK 1.26 -> 1.13 ms at (8,8,4096,128). The other passes do not spill peeled, and
 # in-loop masking measured 2-3% slower there.
 DK_DIAG_IN_LOOP = True
 # The dK pass at d=128 refills each slice's buffers as soon as that slice is done (per-slice copies),
 # the other passes load a whole q block per copy.
 DK_BLOCKED = False
-# Passes that run as dkdv_ws_hopper's warp-specialised kernel (a producer warp issues the loads;
-# two kv tiles per program): all, since v29 (-5..-12% against this kernel, bit-identical). This
-# kernel remains its reference and runs where it does not apply. Ring depth per pass: q blocks
-# (the dK pass: slice pairs), as much as shared memory holds with both tiles' K^ and V.
-WARP_SPECIALISED = ("dkdv", "dv", "dk")
-WS_STAGES = {"dkdv": 3, "dv": 4, "dk": 2}
 # A program holds the scales of this many q blocks at a time in shared memory (_stage_scales).
 SCALE_CHUNK = gl.constexpr(32)
 
@@ -246,7 +238,7 @@ def _stage_scales(sc_smem, blk0, NQ, SQ_bh, SDO_bh, TS_kv, CHUNK: gl.constexpr, 
     """The scales of q blocks blk0 .. blk0 + CHUNK - 1 (those < NQ) into sc_smem [CHUNK, 8], one record per
     block: the dQ kernel's (s_P, 1/s_P, s_dS, 1/s_dS) of this kv tile (contiguous: the tile scales are
     kv-major), s_Q, s_dO. Read per block from shared memory, they are no global load in the loop and
-    nothing carried across blocks in registers (v26: -2..3% at d=64, a wash at d=128)."""
+    nothing carried across blocks in registers (-2..3% at d=64, a wash at d=128)."""
     rows = blk0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, stage_layout))[:, None]
     field = gl.arange(0, 8, layout=gl.SliceLayout(0, stage_layout))[None, :]
     ok = rows < NQ
@@ -561,83 +553,3 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
              DIAG_IN_LOOP, False)
     for i in gl.static_range(2 * STAGES + 1):
         mbarrier.invalidate(bars.index(i))
-
-
-def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> bool:
-    """Whether this kernel covers a dK/dV call (else backward.py runs it)."""
-    return head_dim in (64, 128) and block_q == 2 * SLICE and block_kv == ROWS and not smooth_q
-
-
-@functools.lru_cache(maxsize=None)
-def _shared_layout(block: tuple, dtype: torch.dtype):
-    """The swizzled shared-memory layout of a `block` box (get_default_for costs ~10 us a call:
-    half of a descriptor's host time, and a backward builds ~20 descriptors)."""
-    gl_dtype = {torch.int8: gl.int8, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
-                torch.float32: gl.float32}[dtype]
-    return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
-
-
-def _desc(t, block, strides=None):
-    """TMA descriptor of t in `block` boxes, on t's strides unless given."""
-    return TensorDescriptor(t, list(t.shape), strides or list(t.stride()), block, _shared_layout(tuple(block), t.dtype))
-
-
-def _tma_ready(t):
-    """t as a contiguous tensor at a 16-byte aligned address (what a TMA descriptor needs); a copy
-    only where t is not already."""
-    t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
-def seq_desc(t, rows: int):
-    """TMA descriptor of v or dO (B, H, N, D) in boxes of `rows` rows of one head: 2-D over
-    (B*H*N, D) when t is contiguous, else 4-D on t's own strides ((1, 1, rows, D) boxes).
-
-    The model hands v as a permuted view of its qkv projection and dO as a transposed view,
-    DeepSpeed's Ulysses other permutations. A contiguous copy per kernel that reads them cost
-    2-4 copies per backward (fwd+bwd in the model's layout +4% at d=64, +9% at d=128, H200);
-    4-D boxes cost the d=64 dK/dV kernel 6% where none is needed, hence 2-D for contiguous t.
-    A copy is left only where TMA cannot read t: inner stride not 1, another stride or the
-    base not 16-byte aligned.
-    """
-    # a size-1 dim's stride is never used; give it one TMA accepts
-    strides = [s if n > 1 else t.shape[-1] for s, n in zip(t.stride(), t.shape)]
-    if strides[-1] != 1 or any(s * t.element_size() % 16 for s in strides[:-1]) or t.data_ptr() % 16:
-        t = _tma_ready(t)
-    d = t.shape[-1]
-    if t.is_contiguous():
-        return _desc(t.reshape(-1, d), [rows, d])
-    return _desc(t, [1, 1, rows, d], strides)
-
-
-def launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
-             block_q: int) -> list:
-    """[(name, kernel, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at
-    d=128; those in WARP_SPECIALISED as dkdv_ws_hopper's kernel. v and do may have any strides and
-    alignment."""
-    b, h, n, d = q8.shape
-    rows = b * h * n
-
-    def args(kv_rows, q_rows):   # kv boxes: one tile, or both of a warp-specialised program; q: a block or a slice
-        return (_desc(k8.reshape(rows, d), [kv_rows, d]), seq_desc(v, kv_rows), _desc(q8.reshape(rows, d), [q_rows, d]),
-                seq_desc(do, q_rows), _desc(q8t.reshape(b * h * d, n), [d, q_rows]),
-                _desc(do8t.reshape(b * h * d, n), [d, q_rows]), _desc(lse2.reshape(rows), [q_rows]),
-                _desc(delta.reshape(rows), [q_rows]), s_q, s_k, s_do, tile_scales, dk, dv, *dk.stride()[:3],
-                1.0 / d ** 0.5, n, h)
-    kwargs = dict(HEAD_DIM=d, SLICE=SLICE, CAUSAL=causal, num_warps=4)
-    # (name, PASS, whole q blocks per copy, diagonal block masked in the loop, stages)
-    passes = [("dkdv", BOTH, True, False, STAGES)] if d <= 64 else \
-        [("dv", DV_ONLY, True, False, STAGES), ("dk", DK_ONLY, DK_BLOCKED, DK_DIAG_IN_LOOP, STAGES_DK128)]
-    out = []
-    for name, pass_, blocked, diag_in_loop, stages in passes:
-        q_rows = 2 * SLICE if blocked else SLICE
-        common = {**kwargs, "PASS": pass_.value, "BLOCKED": blocked, "DIAG_IN_LOOP": diag_in_loop}
-        if name in WARP_SPECIALISED and n % (2 * ROWS) == 0:
-            from . import dkdv_ws_hopper as ws   # here: it imports this module
-            out.append((name, ws._dkdv_ws_kernel, (n // (2 * ROWS), b * h), args(2 * ROWS, q_rows),
-                        {**common, "STAGES": WS_STAGES[name], "CONSUMER_REGS": ws.CONSUMER_REGS,
-                         "PRODUCER_REGS": ws.PRODUCER_REGS}))
-        else:
-            out.append((name, _dkdv_kernel, (n // ROWS, b * h), args(ROWS, q_rows),
-                        {**common, "Q_BLOCK": block_q, "KV_BLOCK": ROWS, "STAGES": stages}))
-    return out

@@ -32,6 +32,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .dkdv_hopper import DV_ONLY, SCALE_CHUNK, _allocate, _kv_tile, _load_block, _load_kv, _load_slice
 
+# Ring depth per pass: q blocks (the dK pass: slice pairs), as many as shared memory holds beside
+# both tiles' K^ and V.
+STAGES = {"dkdv": 3, "dv": 4, "dk": 2}
 CONSUMER_REGS = 240   # 2 consumers x 128 threads x 240 + 128 x 24 = the 64 K registers of an SM
 PRODUCER_REGS = 24
 

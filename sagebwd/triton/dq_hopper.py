@@ -1,4 +1,5 @@
-"""dQ kernel for Hopper in Gluon, the default on sm_90 at d=128: backward.py's _dq_kernel
+"""dQ kernel for Hopper in Gluon (registry: dq "gluon-ws", the default on sm_90 at d=128, and its
+reference "gluon"): backward.py's _dq_kernel
 arithmetic in the same order (bit-identical dQ and tile scales), with its loads, waits and
 barriers placed by hand.
 
@@ -23,7 +24,7 @@ per issued instruction) and waits for each dot right after issuing it. Here:
                                       (WS: exchange, then free pair u-1's slot)
             tile 2u+1: issue dQ_{2u}, S, dP | convert dQ_{2u} | P, dS | exchange | scales, dS^
 
-Warp-specialised (WARP_SPECIALISED, the default since v30): the 8 warps above are the default
+Warp-specialised (WS, the default): the 8 warps above are the default
 partition of gl.warp_specialize (240 registers) and a producer warp (24) issues every copy (Q^
 and dO, then each pair into the ring once its slot is free). The 8 warps free pair u-1's slot
 at tile 2u's exchange (_tile_maxima: its barrier by hand, then one arrive), where they would
@@ -31,33 +32,25 @@ have refilled it: the loop loses the refill's CTA barrier and three copies of ~1
 (per pair 1217 -> 1121 instructions, 6 -> 3 barriers, offline). The same kernel with WS off is
 its bit-identical reference.
 
-Measured on an H200 (docs/kernel-notes.md, v19): (8,8,4096,128) dQ 1.00 -> 0.92 ms causal,
-1.80 -> 1.55 ms without a mask; at d=64 it was 8-14% slower than the Triton kernel (191
-registers: one program of 8 warps per SM, where the Triton kernel fits two at 128 registers;
-capped at 128 here it spills), so there the Triton kernel runs. Warp-specialised (v30): 0.863
--> 0.857 ms causal, 1.53 -> 1.49 ms without a mask.
-Limits (else backward.py runs): head_dim 128, block_q 128, block_kv 64, no Q-smoothing.
+Measured on an H200 (docs/kernel-notes.md): (8,8,4096,128) dQ 1.00 -> 0.92 ms causal, 1.80 ->
+1.55 ms without a mask; warp-specialised 0.863 -> 0.857 ms causal, 1.53 -> 1.49 ms without a mask.
+At d=64 it computes the same dQ but is slower than the Triton kernel (0-14%: 191 registers, one
+program of 8 warps per SM, where the Triton kernel fits two at 128 registers; capped at 128 here it
+spills), so the registry lists it at d=128 only. The host side: hopper.py.
+Limits (registry; else backward.py runs): block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .dkdv_hopper import _desc, _int8_bits, _seq_copy, as_a_operand, seq_desc
+from .dkdv_hopper import _int8_bits, _seq_copy, as_a_operand
 
 Q_ROWS = 128    # q rows per program = block_q
 KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
 STAGES = 2      # tile pairs in flight
-# A producer warp issues every TMA copy (gl.warp_specialize), the 8 warps of the program compute
-# (v30: dQ -1% causal, -3% without a mask at d=128; bit-identical). False: they issue the copies.
-WARP_SPECIALISED = True
-PRODUCER_REGS = 24
-# Head dims this kernel takes. It computes d=64 too (bit-identical to backward.py's), but slower
-# there: one program of 8 warps per SM against the Triton kernel's two (v19: +8..14%; v30,
-# warp-specialised: +0..5%). (64, 128) here makes `bench --kernel-times` time it at d=64.
-HEAD_DIMS = (128,)
+PRODUCER_REGS = 24   # the producer warp of the warp-specialised form (WS)
 
 # A CTA barrier (the name changed between Triton 3.6 and 3.7).
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -341,20 +334,3 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
                  n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, False)
         for i in gl.static_range(STAGES + 1):
             mbarrier.invalidate(bars.index(i))
-
-
-def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> bool:
-    """Whether this kernel covers a dQ call (else backward.py runs it): HEAD_DIMS."""
-    return head_dim in HEAD_DIMS and block_q == Q_ROWS and block_kv == KV_ROWS and not smooth_q
-
-
-def launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, causal: bool):
-    """(grid, args, kwargs) of the one dQ launch; v and do may have any strides and alignment."""
-    b, h, n, d = q8.shape
-    rows = b * h * n
-    args = (_desc(q8.reshape(rows, d), [Q_ROWS, d]), seq_desc(do, Q_ROWS),
-            _desc(k8.reshape(rows, d), [2 * KV_ROWS, d]), _desc(k8t.reshape(b * h * d, n), [d, 2 * KV_ROWS]),
-            seq_desc(v, 2 * KV_ROWS), s_q, s_k, lse2, delta, dq, *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h)
-    kwargs = dict(HEAD_DIM=d, Q_ROWS=Q_ROWS, KV_ROWS=KV_ROWS, CAUSAL=causal, STAGES=STAGES, num_warps=8,
-                  WS=WARP_SPECIALISED, PRODUCER_REGS=PRODUCER_REGS)
-    return (n // Q_ROWS, b * h), args, kwargs

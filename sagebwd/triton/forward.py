@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import forward_hopper
-from ._common import (LAUNCH_OVERRIDES, LN2, LOG2E, empty_in_layout_of, gluon_kernels, int_to_float, launch,
-                      launch_settings, round_scaled_to_int8, to_k_order)
+from . import registry
+from ._common import LN2, LOG2E, empty_in_layout_of, int_to_float, round_scaled_to_int8, to_k_order
+from .launch import Tuning, arch_for, launch, launch_settings, overrides
 
 
 @triton.jit
@@ -155,47 +155,57 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
     tl.store(LSE + bh * N + offs_m, m_i * LN2 + tl.log(l_i))
 
 
-def forward_rows(block_q: int, head_dim: int) -> int:
-    """q rows per forward program (a divisor of block_q).
+def forward_rows(block_q: int, head_dim: int, tuning: Tuning | None = None) -> int:
+    """q rows per forward program (a divisor of block_q; a tool may set "forward_rows").
 
-    64 rows on one warpgroup (H200 sweep, docs/kernel-notes.md v7): half the registers of a
+    64 rows on one warpgroup (H200 sweep, docs/kernel-notes.md): half the registers of a
     128-row program, so 2 (d=128) or 4 (d=64) programs share an SM and hide each other's
     latency; the K/V tiles are read twice as often, from L2.
     """
-    return min(LAUNCH_OVERRIDES.get("forward_rows", 64), block_q)
+    return min(overrides(tuning).get("forward_rows", 64), block_q)
 
 
-def _launch_settings(rows: int, head_dim: int) -> dict:
+def _launch_settings(rows: int, head_dim: int, tuning: Tuning | None) -> dict:
     warps = 8 if rows * head_dim >= 128 * 128 else 4
     default = dict(num_warps=warps, num_stages=3)
     if rows * head_dim <= 64 * 64:
         default["maxnreg"] = 128   # 130 by choice, 128 fits 4 programs per SM (8 bytes spilled)
-    return launch_settings("forward", default)
+    return launch_settings("forward", default, tuning)
 
 
-def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool,
-            mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, layout_of=None, token: bool = False):
-    """O (B,H,N,D) in out_dtype, in layout_of's memory order (contiguous without it;
-    _common.empty_in_layout_of), and LSE (B,H,N) fp32 from the quantised operands.
-
-    mu_q (B,H,N/block_q,D), k (the unquantised K, any strides) and k_mean (B*H,D) are needed
-    only with Q-smoothing (mu_q not None), for the bias mu_i . K_sm^T. token: s_q and s_k are per
-    token (B,H,N) (the "token" contract); the Triton kernel runs it on every GPU.
-    """
+def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, mu_q, k, k_mean, block_q: int,
+        block_kv: int, layout_of, quant: str = "block", tuning: Tuning | None = None):
+    """The Triton forward kernel (registry: forward "triton", both contracts): (O, LSE), as forward() says."""
     b, h, n, d = q8.shape
     smooth_q = mu_q is not None
-    if not token and "forward" in gluon_kernels(q8.device) and forward_hopper.supports(
-            head_dim=d, block_q=block_q, block_kv=block_kv, smooth_q=smooth_q):
-        return forward_hopper.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=out_dtype, causal=causal, block_q=block_q,
-                                      layout_of=layout_of)
     o = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype)
     lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
     kf = k if smooth_q else q8
-    rows = forward_rows(block_q, d)
+    rows = forward_rows(block_q, d, tuning)
     launch("forward", _forward_kernel, (n // rows, b * h),
         q8, k8, v8t, s_q, s_k, s_v, o, lse,
         mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,
         *kf.stride(), *o.stride()[:3], 1.0 / math.sqrt(d), h, n,
         BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=block_kv, HEAD_DIM=d, CAUSAL=causal,
-        SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=token, **_launch_settings(rows, d))
+        SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=quant == "token", **_launch_settings(rows, d, tuning),
+        tuning=tuning)
     return o, lse
+
+
+def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool,
+            mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, layout_of=None,
+            kernels: str = "default", quant: str = "block", tuning: Tuning | None = None):
+    """O (B,H,N,D) in out_dtype, in layout_of's memory order (contiguous without it;
+    _common.empty_in_layout_of), and LSE (B,H,N) fp32 from the quantised operands, by the
+    registry's forward kernel for this device and `kernels`.
+
+    mu_q (B,H,N/block_q,D), k (the unquantised K, any strides) and k_mean (B*H,D) are needed
+    only with Q-smoothing (mu_q not None), for the bias mu_i . K_sm^T. quant: the contract; with
+    "token", s_q and s_k are per token (B,H,N).
+    """
+    arch = arch_for(q8.device, tuning)
+    kernel = registry.resolve(arch, q8.shape[-1], "forward", quant, kernels, block_q=block_q, block_kv=block_kv,
+                              smooth_q=mu_q is not None, seq=q8.shape[2])
+    return registry.load(kernel)(q8, k8, v8t, s_q, s_k, s_v, out_dtype=out_dtype, causal=causal, smooth_k=smooth_k,
+                                 mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv,
+                                 layout_of=layout_of, quant=quant, tuning=tuning)

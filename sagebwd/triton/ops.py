@@ -18,6 +18,7 @@ from . import backward as _bwd
 from . import forward as _fwd
 from . import quantize as _quant
 from ._common import empty_in_layout_of
+from .launch import Tuning
 
 _LIB = "sagebwd_triton"
 _MAX_BLOCK = 256   # larger tiles would not fit in registers
@@ -39,15 +40,24 @@ def _empty(device) -> torch.Tensor:
     return torch.empty(0, device=device, dtype=torch.float32)
 
 
-def _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, for_backward):
+def _quant_name(token: bool) -> str:
+    """The registry's name of the contract (the ops carry it as a flag)."""
+    return "token" if token else "block"
+
+
+def _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, for_backward, kernels="default",
+                  tuning: Tuning | None = None):
     """(o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean); the last six only matter for the backward.
-    token: the "token" contract (s_q, s_k per token)."""
+    token: the "token" contract (s_q, s_k per token); kernels: the registry's choice
+    (sagebwd.triton.registry); tuning: a tool's hooks (launch.Tuning)."""
     _check(q, k, v, block_q, block_kv)
     k_mean = _quant.sequence_mean(k) if smooth_k else None
     q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v = _quant.quantize_qkv(q, k, v, block_q, block_kv, k_mean=k_mean,
-                                                                     smooth_q=smooth_q, cols=for_backward, token=token)
+                                                                     smooth_q=smooth_q, cols=for_backward, token=token,
+                                                                     tuning=tuning)
     o, lse = _fwd.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=q.dtype, causal=causal, smooth_k=smooth_k,
-                          mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv, layout_of=q, token=token)
+                          mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv, layout_of=q,
+                          kernels=kernels, quant=_quant_name(token), tuning=tuning)
     def unused(dtype=torch.float32):   # a fresh empty tensor each: op outputs must not alias
         return torch.empty(0, device=q.device, dtype=dtype)
     return (o, lse, q8, q8t if for_backward else unused(torch.int8), s_q, k8,
@@ -57,15 +67,15 @@ def _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
 
 @torch.library.custom_op(f"{_LIB}::forward", mutates_args=())
 def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, smooth_k: bool,
-                smooth_q: bool, block_q: int, block_kv: int, token: bool, for_backward: bool
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                smooth_q: bool, block_q: int, block_kv: int, token: bool, for_backward: bool,
+                kernels: str = "default") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean); the last six only matter for the backward."""
-    return _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, for_backward)
+    return _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, for_backward, kernels)
 
 
 @_forward_op.register_fake
-def _forward_fake(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, for_backward):
+def _forward_fake(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, for_backward, kernels="default"):
     b, h, n, d = q.shape
     i8, f32 = torch.int8, torch.float32
     t = (q.new_empty((b, h, d, n), dtype=i8) if for_backward else q.new_empty((0,), dtype=i8))
@@ -78,43 +88,44 @@ def _forward_fake(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
 
 
 def _backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, smooth_k, smooth_q,
-                   block_q, block_kv, token):
+                   block_q, block_kv, token, kernels="default", tuning: Tuning | None = None):
     assert q8t.numel() == q8.numel(), "the forward ran without for_backward=True"
-    delta, lse2, do8t, s_do = _quant.backward_preprocess(do, o, lse, block_q)
+    delta, lse2, do8t, s_do = _quant.backward_preprocess(do, o, lse, block_q, tuning=tuning)
     return _bwd.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, causal=causal,
                          smooth_k=smooth_k, mu_q=mu_q if smooth_q else None, k=k,
                          k_mean=k_mean if smooth_k else None, block_q=block_q, block_kv=block_kv, layout_of=o,
-                         token=token)
+                         kernels=kernels, quant=_quant_name(token), tuning=tuning)
 
 
 @torch.library.custom_op(f"{_LIB}::backward", mutates_args=())
 def _backward_op(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, q8: torch.Tensor, q8t: torch.Tensor,
                  s_q: torch.Tensor, k8: torch.Tensor, k8t: torch.Tensor, s_k: torch.Tensor, v: torch.Tensor,
                  k: torch.Tensor, mu_q: torch.Tensor, k_mean: torch.Tensor, causal: bool, smooth_k: bool,
-                 smooth_q: bool, block_q: int, block_kv: int, token: bool
+                 smooth_q: bool, block_q: int, block_kv: int, token: bool, kernels: str = "default"
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, smooth_k, smooth_q,
-                          block_q, block_kv, token)
+                          block_q, block_kv, token, kernels)
 
 
 @_backward_op.register_fake
 def _backward_fake(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, smooth_k,
-                   smooth_q, block_q, block_kv, token):
+                   smooth_q, block_q, block_kv, token, kernels="default"):
     return tuple(empty_in_layout_of(o, v.dtype) for _ in range(3))   # in O's (= q's) memory order
 
 
-def _save(ctx, k, v, flags, output):
+def _save(ctx, k, v, flags, kernels, output):
     """What the backward keeps (the same for both autograd paths below)."""
     o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = output
     # K itself is needed only for the Q-smoothing bias; otherwise keep nothing of it.
     ctx.save_for_backward(o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k if flags[2] else _empty(k.device),
                           mu_q, k_mean)
     ctx.flags = flags
+    ctx.kernels = kernels
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, _ = inputs
-    _save(ctx, k, v, (causal, smooth_k, smooth_q, block_q, block_kv, token), output)
+    q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, _, kernels = inputs
+    _save(ctx, k, v, (causal, smooth_k, smooth_q, block_q, block_kv, token), kernels, output)
     lse, s_q, s_k, mu_q, k_mean = (output[i] for i in (1, 4, 7, 8, 9))
     ctx.mark_non_differentiable(lse, s_q, s_k, mu_q, k_mean)
     # Only O has a gradient. Materialised, the other nine outputs' would be zero tensors, four of
@@ -124,10 +135,10 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, *unused):
     if do is None:   # O took no part in what is differentiated
-        return (None,) * 10
+        return (None,) * 11
     o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean = ctx.saved_tensors
-    dq, dk, dv = _backward_op(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, *ctx.flags)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    dq, dk, dv = _backward_op(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, *ctx.flags, ctx.kernels)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd(f"{_LIB}::forward", _backward, setup_context=_setup_context)
@@ -138,19 +149,21 @@ class _EagerAttention(torch.autograd.Function):
     (bit-identical results; tests/test_triton_interpreter.py compares it with the compiled op)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token):
-        output = _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, True)
-        _save(ctx, k, v, (causal, smooth_k, smooth_q, block_q, block_kv, token), output)
+    def forward(ctx, q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, kernels, tuning):
+        output = _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, True, kernels, tuning)
+        _save(ctx, k, v, (causal, smooth_k, smooth_q, block_q, block_kv, token), kernels, output)
+        ctx.tuning = tuning
         return output[0]
 
     @staticmethod
     def backward(ctx, do):
-        dq, dk, dv = _backward_impl(do, *ctx.saved_tensors, *ctx.flags)
-        return dq, dk, dv, None, None, None, None, None, None
+        dq, dk, dv = _backward_impl(do, *ctx.saved_tensors, *ctx.flags, ctx.kernels, ctx.tuning)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, smooth_k: bool = True,
-              smooth_q: bool = False, block_q: int = 128, block_kv: int = 64, quant: str = "block") -> torch.Tensor:
+              smooth_q: bool = False, block_q: int = 128, block_kv: int = 64, quant: str = "block", *,
+              kernels: str = "default", tuning: Tuning | None = None) -> torch.Tensor:
     """SageBwd attention on CUDA (or Triton's interpreter): O (B,H,N,D) in the input dtype.
 
     q, k, v: (batch, heads, seq, head_dim), fp16 or bf16, any strides (a permuted view of a
@@ -158,14 +171,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     memory order, as FlashAttention returns them (_common.empty_in_layout_of): for q a view of a
     (batch, seq, heads, dim) tensor, O.transpose(1, 2) is a contiguous (batch, seq, heads, dim).
     quant: "block" (the paper's contract) or "token" (per-token scales; docs/sagebwd.md).
+    kernels: which kernels run (sagebwd.triton.registry: "default", "triton", ...). tuning: the
+    benchmark's, offline compiler's and tests' hooks (launch.Tuning), for eager calls only.
     """
     assert quant in ("block", "token"), f"quant={quant!r}: 'block' or 'token'"
     token = quant == "token"
     for_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if torch.compiler.is_compiling():   # the registered op: an opaque node with its autograd formula
-        return _forward_op(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, for_backward)[0]
+        if tuning is not None:
+            raise ValueError("tuning hooks apply to eager calls, not under torch.compile")
+        return _forward_op(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, for_backward, kernels)[0]
     # Eager: the same functions through a plain autograd.Function, without the custom ops'
     # dispatch (~0.3-0.5 ms of host time per fwd+bwd on the H200's host; docs/benchmarks.md).
     if for_backward:
-        return _EagerAttention.apply(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token)
-    return _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, False)[0]
+        return _EagerAttention.apply(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, kernels, tuning)
+    return _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, False, kernels, tuning)[0]

@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LOG2E, block_scales, interpreting, launch, mul_rn, quantize_tile, round_to_int8, to_k_order
+from ._common import LOG2E, block_scales, interpreting, mul_rn, quantize_tile, round_to_int8, to_k_order
+from .launch import Tuning, launch
 
 
 @triton.jit
@@ -132,7 +133,8 @@ def sequence_mean(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = None,
-                    smooth_block: bool = False, rows: bool = True, cols: bool = False, token: bool = False):
+                    smooth_block: bool = False, rows: bool = True, cols: bool = False, token: bool = False,
+                    tuning: Tuning | None = None):
     """Per-block INT8 of x (B, H, N, D), any strides, after optional smoothing.
 
     mean: (B*H, D) fp32 subtracted from every row first (K-smoothing).
@@ -153,12 +155,13 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
         x, mean if mean is not None else dummy, out_rows if rows else dummy, out_cols if cols else dummy,
         scale, block_mean if smooth_block else dummy, *x.stride(), h, n,
         BLOCK=block, HEAD_DIM=d, SUBTRACT_MEAN=mean is not None, SMOOTH_BLOCK=smooth_block,
-        WRITE_ROWS=rows, WRITE_COLS=cols, TOKEN=token, num_warps=_warps(block, d))
+        WRITE_ROWS=rows, WRITE_COLS=cols, TOKEN=token, num_warps=_warps(block, d), tuning=tuning)
     return out_rows, out_cols, scale, block_mean
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_kv: int, *,
-                 k_mean: torch.Tensor | None, smooth_q: bool, cols: bool, token: bool = False):
+                 k_mean: torch.Tensor | None, smooth_q: bool, cols: bool, token: bool = False,
+                 tuning: Tuning | None = None):
     """quantize_blocks of q (block_q; Q-smoothing if smooth_q), k (block_kv; minus k_mean if given)
     and v (block_kv, cols only) in one launch: (q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v), the
     cols of q and k only if `cols` (the backward's operands), else None; `token`: Q and K with one
@@ -173,9 +176,9 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     # Every program a tile of the larger block; Q-smoothing's block mean needs its block whole.
     tile = max(block_q, block_kv)
     if smooth_q and block_q < tile:
-        q8, q8t, s_q, mu_q = quantize_blocks(q, block_q, smooth_block=True, cols=cols, token=token)
-        k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=cols, token=token)
-        _, v8t, s_v, _ = quantize_blocks(v, block_kv, rows=False, cols=True)
+        q8, q8t, s_q, mu_q = quantize_blocks(q, block_q, smooth_block=True, cols=cols, token=token, tuning=tuning)
+        k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=cols, token=token, tuning=tuning)
+        _, v8t, s_v, _ = quantize_blocks(v, block_kv, rows=False, cols=True, tuning=tuning)
         return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
     dev = q.device
 
@@ -195,11 +198,12 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
         mu_q if smooth_q else dummy, k8, k8t if cols else dummy, s_k, v8t, s_v,
         *q.stride(), *k.stride(), *v.stride(), h, n,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, HEAD_DIM=d, SMOOTH_K=k_mean is not None, SMOOTH_Q=smooth_q,
-        COLS=cols, TOKEN=token, num_warps=_warps(tile, d))
+        COLS=cols, TOKEN=token, num_warps=_warps(tile, d), tuning=tuning)
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
 
 
-def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int):
+def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,
+                        tuning: Tuning | None = None):
     """Returns (delta (B,H,N) fp32, LSE * log2(e) (B,H,N) fp32, dO int8 (B,H,D,N) in k order, dO scales
     (B,H,N/block_q))."""
     b, h, n, d = do.shape
@@ -209,5 +213,5 @@ def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, bl
     do_scale = torch.empty(b, h, n // block_q, device=do.device, dtype=torch.float32)
     launch("backward_preprocess", _backward_preprocess_kernel, (n // block_q, b * h),
         do, o, lse, delta, lse2, do_cols, do_scale, *do.stride(), *o.stride(), h, n,
-        BLOCK=block_q, HEAD_DIM=d, num_warps=_warps(block_q, d))
+        BLOCK=block_q, HEAD_DIM=d, num_warps=_warps(block_q, d), tuning=tuning)
     return delta, lse2, do_cols, do_scale

@@ -2,8 +2,8 @@
 
     ncu --csv --kernel-name regex:"_forward_kernel|_dq_kernel|_dkdv_kernel|_dkdv_ws_kernel" --metrics \\
         "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio,sm__inst_issued.avg.pct_of_peak_sustained_active,sm__warps_active.avg.per_cycle_active" \\
-        python -m sagebwd.bench --once [--gluon all] > ncu.csv
-    python -m sagebwd.triton.ncu_stalls ncu.csv
+        python -m benchmarks.attention --once [--kernels triton] > ncu.csv
+    python -m tools.ncu_stalls ncu.csv
 
 Each stall value is the cycles a warp spends in that state per instruction it issues; their sum
 (with "selected", the issuing cycle itself) is the cycles between a warp's instructions. With W

@@ -40,7 +40,8 @@ def disassemble(cubin: bytes) -> str:
 def instructions_and_loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]:
     """The instruction texts in order, and (first, last) index of every loop: a branch back. A
     conditional one anywhere; an unconditional one only before the kernel's last EXIT (a rotated
-    loop, whose exit test sits inside it: the causal d=128 dK pass of v27). After the last EXIT,
+    loop, whose exit test sits inside it: the causal d=128 dK pass with its diagonal block peeled).
+    After the last EXIT,
     an unconditional branch back is no loop: ptxas puts an mbarrier wait's retry path there and
     jumps back from it into the kernel (Gluon kernels), which would look like a loop around
     everything between."""
@@ -83,7 +84,8 @@ def opcode(text: str) -> str:
 
 def local_memory_in_loops(sass: str) -> int:
     """Local-memory instructions (LDL, STL: spill traffic) inside the kernel's innermost loops.
-    Spills outside them cost little; inside, every trip reloads (v27's causal d=128 dK pass: 26
+    Spills outside them cost little; inside, every trip reloads (the causal d=128 dK pass with its
+    diagonal block peeled: 26
     per trip, ncu's long scoreboard 1.26 cycles per instruction). A warp-specialised kernel's
     dispatch loop, which wraps whole partitions (code that runs once per program too), is not
     counted."""

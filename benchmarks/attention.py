@@ -1,18 +1,20 @@
 """Benchmark (and GPU correctness check) of the SageBwd Triton kernels against torch SDPA.
 
-    python -m sagebwd.bench [--json PATH] [--check] [--kernel-times] [--sweep] [--diagnose] [--quick] [--once]
+    python -m benchmarks.attention [--json PATH] [--check] [--kernel-times] [--sweep] [--diagnose] [--quick]
+                                   [--once] [--kernels CHOICE] [--quant block token]
 
 Benchmark: forward, backward and forward+backward of SageBwd and of torch SDPA with the
 FLASH_ATTENTION (FA2), CUDNN_ATTENTION and EFFICIENT_ATTENTION backends; bf16; median of
 triton.testing.do_bench on random inputs; TFLOPS-equivalent by FlashAttention's convention
 (forward 4 B H N^2 D, half when causal; backward 2.5x forward); peak memory of one fwd+bwd.
---check: kernels vs the simulation at real sizes (relative L2 of O, dQ, dK, dV with the
-simulation's outputs cast to the same dtype), every output element written (the allocator's
-cache is poisoned with NaN first), 50 reruns bit-identical, and the error against full
-precision next to the simulation's (the sigma table in docs/sagebwd.md).
+--check: kernels vs the simulation at real sizes (tests/kernel_checks.py's check_case: relative
+L2 of O, dQ, dK, dV, every output element written, 50 reruns bit-identical), and the error
+against full precision next to the simulation's (the sigma table in docs/sagebwd.md).
+--kernels: which kernels run (sagebwd.triton.registry; default: the table's defaults).
 --sweep: times (num_warps, num_stages) per kernel, and the dK/dV block shape, at the target shapes.
 --kernel-times: per-kernel milliseconds of one forward+backward (torch.profiler).
 Also prints registers, spills and whether the INT8 dots compiled to wgmma, per kernel.
+Run from the repository root (it imports the tests' reference checks).
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ BASELINES = ("FLASH", "CUDNN", "EFFICIENT")
 # per-token one; --quant picks which the benchmark times.
 SAGE_IMPLS = {"block": "sage", "token": "sage-token"}
 MODES = ("fwd", "bwd", "fwd+bwd")
+# The run's kernel choice (--kernels), set once by main(): this tool's setting, not the package's.
+RUN = {"kernels": "default"}
 
 
 def _sdpa_backend(name: str):
@@ -39,13 +43,18 @@ def _sdpa_backend(name: str):
             "EFFICIENT": SDPBackend.EFFICIENT_ATTENTION}[name]
 
 
-def attention_fn(impl: str, causal: bool):
-    """A callable (q, k, v) -> o for 'sage' ('block' contract), 'sage-token' or an SDPA backend name."""
+def attention_fn(impl: str, causal: bool, tuning=None):
+    """A callable (q, k, v) -> o for 'sage' ('block' contract), 'sage-token' or an SDPA backend name;
+    `tuning` (sagebwd.triton.launch.Tuning): the sweep's launch settings."""
     import sagebwd
     if impl in SAGE_IMPLS.values():
         quant = "token" if impl == "sage-token" else "block"
+        if tuning is not None:
+            from sagebwd.triton import attention
+            return lambda q, k, v: attention(q, k, v, causal, True, False, 128, 64, quant, kernels=RUN["kernels"],
+                                             tuning=tuning)
         return lambda q, k, v: sagebwd.attention(q, k, v, causal=causal, quant=quant, backend="triton",
-                                                 check_finite=False)
+                                                 check_finite=False, kernels=RUN["kernels"])
 
     from torch.nn.attention import sdpa_kernel
     backend = _sdpa_backend(impl)
@@ -79,7 +88,7 @@ def host_ms(step, leaves, n: int = 20) -> float:
     return elapsed
 
 
-def time_impl(impl: str, shape, causal: bool, mode: str) -> dict:
+def time_impl(impl: str, shape, causal: bool, mode: str, tuning=None) -> dict:
     """Median milliseconds of one mode, plus the peak memory of one forward+backward."""
     import triton
     b, h, n, d = shape
@@ -87,7 +96,7 @@ def time_impl(impl: str, shape, causal: bool, mode: str) -> dict:
     q, k, v = [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
                for _ in range(3)]
     do = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    fn = attention_fn(impl, causal)
+    fn = attention_fn(impl, causal, tuning)
     try:
         if mode == "fwd":
             with torch.no_grad():   # inference: what a forward alone costs
@@ -145,49 +154,25 @@ def graph_vs_eager(shapes=GRAPH_SHAPES) -> list[dict]:
     """One causal fwd+bwd of SageBwd run eagerly, under torch.compile (the registered custom ops)
     and replayed from a CUDA graph (same inputs): the graph removes the host's launch work, which
     at small shapes is most of an eager call (`host_ms`); the compiled and replayed outputs must
-    equal the eager ones bit for bit."""
+    equal the eager ones bit for bit (tests/kernel_checks.py's graph_and_compiled)."""
     import triton
+    from tests.kernel_checks import graph_and_compiled
     rows = []
     for shape in shapes:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v, do = [torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4)]
-        q, k, v = [t.requires_grad_() for t in (q, k, v)]
-        fn = attention_fn("sage", True)
-
-        def step():
-            o = fn(q, k, v)
-            return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
-        eager_out = [t.clone() for t in step()]
-        compiled_fn = torch.compile(fn, dynamic=False)
-
-        def compiled_step():
-            o = compiled_fn(q, k, v)
-            return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
-        compiled_out = [t.clone() for t in compiled_step()]
-        side = torch.cuda.Stream()   # warm-up off the default stream, as torch.cuda.graphs asks
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            graph_out = step()
-        graph.replay()
-        torch.cuda.synchronize()
+        run = graph_and_compiled(shape, RUN["kernels"])
+        step, compiled_step, graph = run["step"], run["compiled_step"], run["graph"]
         row = {"shape": list(shape), "eager_ms": triton.testing.do_bench(step, return_mode="median"),
                "graph_ms": triton.testing.do_bench(graph.replay, return_mode="median"),
                "host_ms": host_ms(step, ()),
                "compiled_ms": triton.testing.do_bench(compiled_step, return_mode="median"),
                "compiled_host_ms": host_ms(compiled_step, ()),
-               "identical": all(bool(torch.equal(a, b)) for a, b in zip(graph_out, eager_out)),
-               "compiled_identical": all(bool(torch.equal(a, b)) for a, b in zip(compiled_out, eager_out))}
+               "identical": run["identical"], "compiled_identical": run["compiled_identical"]}
         print(f"cuda graph {tuple(shape)} causal fwd+bwd: eager {row['eager_ms']:.3f} ms (host {row['host_ms']:.3f}),"
               f" torch.compile {row['compiled_ms']:.3f} ms (host {row['compiled_host_ms']:.3f}),"
               f" graph replay {row['graph_ms']:.3f} ms, outputs identical: {row['identical']} (compiled:"
               f" {row['compiled_identical']})", flush=True)
         rows.append(row)
-        del graph
+        del run, graph
     return rows
 
 
@@ -267,91 +252,20 @@ def markdown_table(rows) -> str:
 # correctness at real sizes
 
 
-def _clear_overrides() -> None:
-    """Drop the sweep's and diagnosis's launch overrides; the --gluon choice stays for the whole run."""
-    from .triton._common import LAUNCH_OVERRIDES
-    for key in [k for k in LAUNCH_OVERRIDES if k != "gluon"]:
-        del LAUNCH_OVERRIDES[key]
-
-
-def _rel(a, b) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm())
-
-
-def _cpu(*tensors):
-    return [t.detach().cpu() for t in tensors]
-
-
-def simulate_on_cpu(q, k, v, do, o, cfg):
-    """The simulation's O and (given the kernel's O) gradients, computed on the CPU.
-
-    sagebwd.quant divides tensor by tensor (IEEE on both devices); the reference still runs on
-    the CPU so that its exp/sum rounding is the one the CI interpreter tests see.
-    """
-    from . import simulate
-    q, k, v, do, o = _cpu(q, k, v, do, o)
-    with torch.no_grad():
-        o_sim, saved = simulate.forward(q, k, v, cfg)
-        grads = simulate.backward(saved._replace(o=o), do, cfg)
-    return o_sim, grads
-
-
-def _poison_allocator(mib: int) -> None:
-    """Fill cached-but-free device memory with NaN, so an output element the kernels never write shows."""
-    torch.cuda.synchronize()
-    blocks = [torch.full((64 * 2**20 // 4,), float("nan"), device="cuda") for _ in range(max(1, mib // 64))]
-    del blocks
-
-
-def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv=64, reruns=50,
-               quant="block") -> dict:
-    from . import simulate
-    from .triton import attention
-    gen = torch.Generator(device="cuda").manual_seed(1234)
-    q, k, v, do = [torch.randn(*shape, device="cuda", generator=gen).to(dtype) for _ in range(4)]
-    q, k, v = [t.requires_grad_() for t in (q, k, v)]
-
-    def run():
-        o = attention(q, k, v, causal, True, smooth_q, block_q, block_kv, quant)
-        return (o, *torch.autograd.grad(o, (q, k, v), do))
-
-    _poison_allocator(4096)
-    outs = run()
-    from .triton.backward import fused_applies
-    # the fused backward adds dQ with atomics: its dQ may differ in the last bits from run to run
-    fused = quant == "block" and fused_applies(q.device, head_dim=shape[-1], block_q=block_q, block_kv=block_kv,
-                                               smooth_q=smooth_q, seq=shape[2])
-    written = all(bool(torch.isfinite(t).all()) for t in outs)
-    identical, rerun_diff = True, [0.0] * 4   # largest rel L2 between reruns, per output
-    for _ in range(reruns):
-        for i, (a, b) in enumerate(zip(outs, run())):
-            if not torch.equal(a, b):
-                identical = False
-                rerun_diff[i] = max(rerun_diff[i], _rel(b, a))
-    cfg = simulate.SageConfig(causal=causal, smooth_q=smooth_q, block_q=block_q, block_kv=block_kv, quant=quant)
-    o_sim, grads_sim = simulate_on_cpu(q, k, v, do, outs[0], cfg)   # backward given the O returned
-    errs = {name: _rel(a.cpu(), b) for name, a, b in zip(("o", "dq", "dk", "dv"), outs, (o_sim, *grads_sim))}
-    return {"shape": list(shape), "dtype": str(dtype).split(".")[-1], "causal": causal, "smooth_q": smooth_q,
-            "blocks": [block_q, block_kv], "quant": quant, "rel_l2_vs_sim": errs, "all_written": written,
-            f"identical_over_{reruns}_reruns": identical,
-            "rerun_rel_l2": dict(zip(("o", "dq", "dk", "dv"), rerun_diff)), "fused_backward": fused,
-            # reproducible: every output bit-identical over the reruns, except (fused backward) dQ,
-            # whose atomics' order may move its last bits: within DQ_RERUN_TOLERANCE
-            "reproducible": all(d == 0.0 or (name == "dq" and fused and d <= DQ_RERUN_TOLERANCE)
-                                for name, d in zip(("o", "dq", "dk", "dv"), rerun_diff))}
+from tests.kernel_checks import (DQ_RERUN_TOLERANCE, TOLERANCE, check_case, cpu as _cpu,  # noqa: E402,F401
+                                 rel as _rel, simulate_on_cpu)
 
 
 def sigma_case(sigma: float, causal: bool, seq=1024, head_dim=64, heads=4, quant="block") -> dict:
     """Error against full precision for kernel and simulation on the same bf16 inputs."""
-    from . import fpa_attention, simulate
-    from .triton import attention
+    from sagebwd import fpa_attention, simulate
+    from sagebwd.triton import attention
     gen = torch.Generator(device="cuda").manual_seed(7)
     shape = (1, heads, seq, head_dim)
     q, k = [(sigma * torch.randn(*shape, device="cuda", generator=gen)).bfloat16() for _ in range(2)]
     v, do = [torch.randn(*shape, device="cuda", generator=gen).bfloat16() for _ in range(2)]
     qg, kg, vg = [t.clone().requires_grad_() for t in (q, k, v)]
-    o = attention(qg, kg, vg, causal, True, False, 128, 64, quant)
+    o = attention(qg, kg, vg, causal, True, False, 128, 64, quant, kernels=RUN["kernels"])
     kernel = (o, *torch.autograd.grad(o, (qg, kg, vg), do))
     cfg = simulate.SageConfig(causal=causal, quant=quant)
     o_cpu, saved = simulate.forward(*_cpu(q, k, v), cfg)
@@ -365,18 +279,12 @@ def sigma_case(sigma: float, causal: bool, seq=1024, head_dim=64, heads=4, quant
             "sim_vs_fpa": {n: _rel(a, r) for n, a, r in zip(names, sim, refs)}}
 
 
-TOLERANCE = {"bfloat16": 5e-3, "float16": 2e-3}
-# The fused backward's dQ between reruns (rel. L2): its fp32 atomics add in any order, and the cast
-# to 16 bits can then round an element the other way (one ulp: ~4e-3 relative in bf16, ~5e-4 in fp16).
-DQ_RERUN_TOLERANCE = 1e-4
-
-
 def fp32_gap(shape, dtype, causal: bool) -> dict:
     """Kernel vs simulation before the outputs are rounded to 16 bits (kernels run with fp32
     outputs, the simulation on fp32 copies of the same 16-bit inputs): how far apart the two
     computations really are, and how much of the 16-bit gap is the final rounding."""
-    from . import simulate
-    from .triton import backward as kb, forward as kf, quantize as kq
+    from sagebwd import simulate
+    from sagebwd.triton import backward as kb, forward as kf, quantize as kq
     gen = torch.Generator(device="cuda").manual_seed(99)
     q, k, v, do = [torch.randn(*shape, device="cuda", generator=gen).to(dtype) for _ in range(4)]
     k_mean = kq.sequence_mean(k)
@@ -384,11 +292,11 @@ def fp32_gap(shape, dtype, causal: bool) -> dict:
     k8, k8t, s_k, _ = kq.quantize_blocks(k, 64, mean=k_mean, cols=True)
     _, v8t, s_v, _ = kq.quantize_blocks(v, 64, rows=False, cols=True)
     o32, lse = kf.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=torch.float32, causal=causal, smooth_k=True,
-                          block_q=128, block_kv=64)
+                          block_q=128, block_kv=64, kernels=RUN["kernels"])
     o16 = o32.to(dtype)
     delta, lse2, do8t, s_do = kq.backward_preprocess(do, o16, lse, 128)
     grads32 = kb.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, causal=causal,
-                          smooth_k=True, block_q=128, block_kv=64, out_dtype=torch.float32)
+                          smooth_k=True, block_q=128, block_kv=64, out_dtype=torch.float32, kernels=RUN["kernels"])
     cfg = simulate.SageConfig(causal=causal)
     o_sim, grads_sim = simulate_on_cpu(q.float(), k.float(), v.float(), do.float(), o16.float(), cfg)
     o32, grads32 = o32.cpu(), [g.cpu() for g in grads32]
@@ -405,8 +313,9 @@ def fp32_gap(shape, dtype, causal: bool) -> dict:
 def diagnose(shape=(1, 2, 4096, 64), dtype=torch.bfloat16, causal=False) -> dict:
     """Where the kernel and the simulation part: the INT8 operands, the LSE, O per row, and O
     with the compiler's fp contraction (a*b+c -> fma) switched off."""
-    from . import simulate
-    from .triton import _common, forward as kf, quantize as kq
+    from sagebwd import simulate
+    from sagebwd.triton import _common, forward as kf, quantize as kq
+    from sagebwd.triton.launch import Tuning
     gen = torch.Generator(device="cuda").manual_seed(5)
     q, k, v = [torch.randn(*shape, device="cuda", generator=gen).to(dtype) for _ in range(3)]
     cfg = simulate.SageConfig(causal=causal)
@@ -423,15 +332,12 @@ def diagnose(shape=(1, 2, 4096, 64), dtype=torch.bfloat16, causal=False) -> dict
            "s_v_equal": bool(torch.equal(s_v, s_v_sim)),
            "k_mean_maxdiff": float((k_mean.view(shape[0], shape[1], -1).cpu() - k.float().cpu().mean(-2)).abs().max())}
     for label, override in (("default", {}), ("no_fma", {"enable_fp_fusion": False})):
-        _clear_overrides()
-        _common.LAUNCH_OVERRIDES["forward"] = override
         o32, lse = kf.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=torch.float32, causal=causal, smooth_k=True,
-                              block_q=128, block_kv=64)
+                              block_q=128, block_kv=64, kernels="triton", tuning=Tuning({"forward": override}))
         row_err = ((o32 - o_sim).norm(dim=-1) / o_sim.norm(dim=-1)).flatten()
         out[label] = {"o_rel": _rel(o32, o_sim), "lse_maxdiff": float((lse - saved.lse).abs().max()),
                       "rows_err_gt_1e-5": int((row_err > 1e-5).sum()), "rows": row_err.numel(),
                       "row_err_max": float(row_err.max()), "row_err_median": float(row_err.median())}
-    _clear_overrides()
     print("diagnose", out, flush=True)
     return out
 
@@ -471,11 +377,21 @@ def check_correctness(quick: bool, quants=("block", "token")) -> dict:
 # diagnostics and launch-setting sweep
 
 
-def kernel_report() -> dict:
-    """Registers, spills, shared memory and INT8 wgmma counts of the last compiled kernels."""
-    from .triton._common import COMPILED
+def kernel_report(quants=("block",)) -> dict:
+    """Registers, spills, shared memory and INT8 wgmma counts of the kernels of one causal fwd+bwd at
+    each target shape (the last shape's, per launch name and contract)."""
+    from sagebwd.triton import attention
+    from sagebwd.triton.launch import Tuning
+    compiled = {}
+    for quant in quants:
+        tuning = Tuning(compiled={})
+        for shape in SHAPES[:2]:
+            q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
+            attention(q, k, v, True, quant=quant, kernels=RUN["kernels"], tuning=tuning).backward(torch.randn_like(q))
+        compiled.update({name if quant == "block" else f"{name} ({quant})": kernel
+                         for name, kernel in tuning.compiled.items()})
     report = {}
-    for name, kernel in COMPILED.items():
+    for name, kernel in compiled.items():
         ptx = kernel.asm.get("ptx", "")
         report[name] = {"n_regs": getattr(kernel, "n_regs", None), "n_spills": getattr(kernel, "n_spills", None),
                         "shared": kernel.metadata.shared if hasattr(kernel.metadata, "shared") else None,
@@ -511,11 +427,11 @@ def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward"), impl: str = "sa
 
     Each variant changes one kernel; the pass that contains it is timed (bwd for dq/dkdv, fwd
     for the forward). The defaults in sagebwd/triton come from this table (docs/kernel-notes.md).
-    impl: "sage" (the block contract; time it with --gluon none for the Triton kernels) or
+    impl: "sage" (the block contract; time it with --kernels triton for the Triton kernels) or
     "sage-token" (Triton kernels on every GPU; its dK/dV slices are whole q blocks, so the cols
     of a dkdv variant do not apply there).
     """
-    from .triton._common import LAUNCH_OVERRIDES
+    from sagebwd.triton.launch import Tuning
     out = []
     for shape in shapes:
         d = shape[-1]
@@ -523,28 +439,26 @@ def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward"), impl: str = "sa
             if head_dim != d or kernel not in kernels:
                 continue
             for variant in variants:
-                _clear_overrides()
+                overrides = {}
                 maxnreg = 0
                 if kernel == "dkdv":
                     rows, cols, split_d, chain, warps, stages, maxnreg, separate = variant
-                    LAUNCH_OVERRIDES["dkdv_blocks"] = dict(rows=rows, cols=cols, split_d=split_d, chain=chain,
-                                                           separate=separate)
+                    overrides["dkdv_blocks"] = dict(rows=rows, cols=cols, split_d=split_d, chain=chain,
+                                                    separate=separate)
                 elif kernel == "forward":
                     rows, warps, stages, maxnreg = variant
-                    LAUNCH_OVERRIDES["forward_rows"] = rows
+                    overrides["forward_rows"] = rows
                 else:
                     warps, stages, maxnreg = variant
-                LAUNCH_OVERRIDES[kernel] = dict(num_warps=warps, num_stages=stages,
-                                                **({"maxnreg": maxnreg} if maxnreg else {}))
+                overrides[kernel] = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
                 mode = "fwd" if kernel == "forward" else "bwd"
-                try:
-                    r = time_impl(impl, shape, True, mode)
+                try:   # the Triton kernels: the settings swept are theirs
+                    r = time_impl(impl, shape, True, mode, Tuning(overrides))
                 except Exception as err:  # noqa: BLE001  (e.g. out of shared memory)
                     r = {"ms": None, "error": str(err).splitlines()[0][:200]}
                 out.append({"shape": list(shape), "impl": impl, "kernel": kernel, "variant": list(variant),
                             "mode": mode, **r})
                 print(f"sweep {impl} {tuple(shape)} causal {mode} {kernel} {variant}: {r.get('ms')}", flush=True)
-    _clear_overrides()
     return out
 
 
@@ -622,10 +536,9 @@ def main(argv=None) -> int:
                          "(views of one qkv projection; the PyTorch copies around the op included)")
     ap.add_argument("--kernel-masks", nargs="+", choices=["causal", "full"], default=["causal"],
                     help="with --kernel-times: the masks to time (default causal)")
-    ap.add_argument("--gluon", default=None, metavar="KERNELS",
-                    help="kernels to run in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, fused, "
-                         "where all and default (dK/dV and dQ) stand for their sets (default,fused), or none; "
-                         "without it, SAGEBWD_GLUON, else default")
+    ap.add_argument("--kernels", default="default", metavar="CHOICE",
+                    help="which kernels run (sagebwd.triton.registry: default, triton, fused or PASS=NAME items, "
+                         "e.g. triton,dkdv=gluon-ws; python -m sagebwd.triton.registry lists them)")
     ap.add_argument("--model-layout", action="store_true",
                     help="causal fwd+bwd in the model's layout (q, k, v views of one qkv projection), "
                          "its reshapes included, vs SDPA FLASH and CUDNN")
@@ -636,14 +549,14 @@ def main(argv=None) -> int:
     ap.add_argument("--once", action="store_true",
                     help="run one causal fwd+bwd at each target shape and exit (for ncu and other profilers)")
     args = ap.parse_args(argv)
-    if args.gluon is not None:
-        from .triton import _common
-        try:
-            _common.LAUNCH_OVERRIDES["gluon"] = _common.parse_gluon(args.gluon, "--gluon")
-        except ValueError as err:
-            ap.error(str(err))
+    from sagebwd.triton.registry import KernelChoiceError, parse
+    try:
+        parse(args.kernels)
+    except KernelChoiceError as err:
+        ap.error(str(err))
+    RUN["kernels"] = args.kernels
     if not torch.cuda.is_available():
-        print("sagebwd.bench needs a CUDA GPU", file=sys.stderr)
+        print("benchmarks.attention needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.once:
         for shape in SHAPES[:2]:
@@ -652,8 +565,11 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         return 0
     result = {"env": environment()}
-    from .triton import _common
-    result["env"]["gluon"] = sorted(_common.gluon_kernels(torch.device("cuda")))
+    from sagebwd.triton import registry
+    arch = registry.arch_of(torch.device("cuda"))
+    result["env"]["kernels"] = {"choice": args.kernels, **{
+        f"d{d} {p}": registry.select(arch, d, p, "block", args.kernels).name for d in (64, 128)
+        for p in registry.PASSES}}
     print(result["env"], flush=True)
     if args.diagnose:
         result["diagnose"] = [diagnose(), diagnose(shape=(1, 2, 4096, 128), causal=True)]
@@ -673,7 +589,7 @@ def main(argv=None) -> int:
     shapes = SHAPES[:1] if args.quick else SHAPES
     if not args.no_bench:
         result["bench"] = benchmark(shapes, args.quick, tuple(SAGE_IMPLS[q] for q in args.quant))
-    result["kernels"] = kernel_report()
+    result["kernels"] = kernel_report(tuple(args.quant))
     if args.sweep:
         result["sweep"] = [row for quant in args.quant
                            for row in sweep([(8, 8, 4096, 128), (8, 16, 4096, 64)], tuple(args.sweep_kernels),

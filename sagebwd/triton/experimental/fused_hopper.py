@@ -1,7 +1,7 @@
 """The whole d=64 backward in one warp-specialised Gluon kernel for Hopper: dK, dV and dQ from
 one computation of S, P, dP and dS per score element (the paper's Algorithm 2 as written).
-Opt-in (SAGEBWD_GLUON=default,fused, or bench --gluon default,fused): correct, but slower than the default
-two-kernel backward on an H100 (measured below), and its dQ is not bit-reproducible.
+Experimental (registry: dq and dkdv "fused"; kernels="default,fused"): correct, but slower than the
+default two-kernel backward on an H100 (measured below), and its dQ is not bit-reproducible.
 
 The default backward (backward.py's dQ kernel, then dkdv_ws_hopper) computes S, P, dP and dS
 twice: the dQ kernel, one q block per program, measures each (block_q x block_kv) tile's P and dS
@@ -20,7 +20,7 @@ score element in one loop (offline, sass_mix; the causal build 20.9).
       wait dV, convert | issue dQ = dS^ K^ (A = that tile, B = K^T in pair order) | wait dK,
       convert, release the slot | wait dQ, add its fp32 partial into a buffer (red.add.v2.f32)
 
-Measured (H100, (8,16,4096,64) causal, docs/kernel-notes.md v32): 2.77 ms against 1.12 (dQ) +
+Measured (H100, (8,16,4096,64) causal, docs/kernel-notes.md): 2.77 ms against 1.12 (dQ) +
 1.05 (dK/dV) for the two kernels. With the same instructions but no atomic traffic it took 2.07 ms
 (ncu: L2 at 85% of its peak, 4.4 GB of atomics: two 64-row kv tiles per program, each with its
 own dS scale, cannot share one int32 dQ product); without the dQ product at all 1.47 ms: its
@@ -48,16 +48,18 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from .dkdv_hopper import (BOTH, _allocate, _cols, _desc, _int8_bits, _load_block, _release, _rows, _seq_copy,
-                          _slice_probs, _slice_vector, as_a_operand, kv_tile_layouts, seq_desc)
-from .dkdv_ws_hopper import kv_program, ring_barriers
-from .dq_hopper import _block_scales
+from .._common import k_order_index
+from ..dkdv_hopper import (BOTH, _allocate, _cols, _int8_bits, _load_block, _release, _rows, _seq_copy, _slice_probs,
+                           _slice_vector, as_a_operand, kv_tile_layouts)
+from ..dkdv_ws_hopper import kv_program, ring_barriers
+from ..dq_hopper import _block_scales
+from ..hopper import desc, seq_desc
+from ..launch import launch
 
 SLICE = 64            # kv rows per consumer = block_kv; q rows per slice (a q block is two)
 STAGES = 3            # q blocks in the ring
 CONSUMER_REGS = 240   # 2 consumers x 128 threads x 240 + 128 x 24 = an SM's 64 K registers
 PRODUCER_REGS = 24
-HEAD_DIMS = (64,)
 
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier   # (Triton 3.6: thread_barrier)
 
@@ -70,7 +72,6 @@ def pair_order_index(n: int, device=None) -> torch.Tensor:
 
 def pair_order_from_k_order(k8t: torch.Tensor) -> torch.Tensor:
     """A k-ordered (..., D, N) copy (quantize.py's K^T) re-ordered into pair order."""
-    from ._common import k_order_index
     n = k8t.shape[-1]
     position_of = torch.empty(n, dtype=torch.long, device=k8t.device)
     position_of[k_order_index(n, k8t.device)] = torch.arange(n, device=k8t.device)   # index -> k-order position
@@ -300,23 +301,27 @@ def _fused_kernel(k_desc, v_desc, kt_desc, q_desc, do_desc, qt_desc, dot_desc, l
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool, seq: int) -> bool:
-    """Whether this kernel covers a backward call (else the two-kernel backward runs)."""
-    return (head_dim in HEAD_DIMS and block_q == 2 * SLICE and block_kv == SLICE and not smooth_q
-            and seq % (2 * SLICE) == 0)
-
-
 def launch_args(q8, q8t, s_q, k8, k8pt, s_k, v, do, do8t, s_do, lse2, delta, dk, dv, dqa, *, causal: bool):
     """(grid, args, kwargs) of the one fused launch. k8pt: K^T in pair order; dqa: fp32 (B, H, N, D)
     zeros, into which dQ (times sm_scale) is added."""
     b, h, n, d = q8.shape
     rows = b * h * n
     kv_rows = q_rows = 2 * SLICE
-    args = (_desc(k8.reshape(rows, d), [kv_rows, d]), seq_desc(v, kv_rows),
-            _desc(k8pt.reshape(b * h * d, n), [d, kv_rows]), _desc(q8.reshape(rows, d), [q_rows, d]),
-            seq_desc(do, q_rows), _desc(q8t.reshape(b * h * d, n), [d, q_rows]),
-            _desc(do8t.reshape(b * h * d, n), [d, q_rows]), _desc(lse2.reshape(rows), [q_rows]),
-            _desc(delta.reshape(rows), [q_rows]), s_q, s_k, s_do, dk, dv, dqa, *dk.stride()[:3], 1.0 / d ** 0.5, n, h)
+    args = (desc(k8.reshape(rows, d), [kv_rows, d]), seq_desc(v, kv_rows),
+            desc(k8pt.reshape(b * h * d, n), [d, kv_rows]), desc(q8.reshape(rows, d), [q_rows, d]),
+            seq_desc(do, q_rows), desc(q8t.reshape(b * h * d, n), [d, q_rows]),
+            desc(do8t.reshape(b * h * d, n), [d, q_rows]), desc(lse2.reshape(rows), [q_rows]),
+            desc(delta.reshape(rows), [q_rows]), s_q, s_k, s_do, dk, dv, dqa, *dk.stride()[:3], 1.0 / d ** 0.5, n, h)
     kwargs = dict(HEAD_DIM=d, SLICE=SLICE, CAUSAL=causal, STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS,
                   PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
     return (n // (2 * SLICE), b * h), args, kwargs
+
+
+def run(c, tuning=None) -> None:
+    """dQ, dK, dV of a backward.BackwardCall in one launch (registry: dq and dkdv "fused"): dQ is
+    added into an fp32 buffer, then cast into c.dq."""
+    dqa = torch.zeros(c.q8.shape, device=c.q8.device, dtype=torch.float32)
+    grid, args, kwargs = launch_args(c.q8, c.q8t, c.s_q, c.k8, pair_order_from_k_order(c.k8t), c.s_k, c.v, c.do,
+                                     c.do8t, c.s_do, c.lse2, c.delta, c.dk, c.dv, dqa, causal=c.causal)
+    launch("fused", _fused_kernel, grid, *args, tuning=tuning, **kwargs)
+    c.dq.copy_(dqa)

@@ -1,6 +1,6 @@
 """What a fused backward would pay to add its dQ partials: a GPU benchmark, no kernel of the op.
 
-    python -m sagebwd.triton.dq_add_bench
+    python -m tools.dq_add_bench
 
 A backward that computed dQ inside the dK/dV program (no separate dQ kernel) would add every
 tile's fp32 dQ partial into a global fp32 buffer: with the op's 64-row kv programs, each (kv

@@ -1,20 +1,21 @@
 """Compile the SageBwd kernels for a GPU without one: registers, spills, shared memory, and
 whether the INT8 dots are Hopper wgmma (no mma.sync fallback).
 
-    python -m sagebwd.triton.offline [--head-dim 64 128] [--arch 90] [--json PATH]
-    python -m sagebwd.triton.offline --loop-mix [--measured docs/bench-h200.json]
+    python -m tools.offline [--head-dim 64 128] [--arch 90] [--kernels CHOICE] [--json PATH]
+    python -m tools.offline --loop-mix [--measured docs/measurements/bench-h200.json]
 
-The host code runs on CPU tensors with launches recorded instead of run
-(``_common.RECORDED``), so every kernel is compiled with exactly the compile-time arguments,
+The host code runs on CPU tensors with launches recorded instead of run (a
+``sagebwd.triton.launch.Tuning`` with ``recorded`` and ``arch="sm90"``: the registry's sm90
+kernels), so every kernel is compiled with exactly the compile-time arguments,
 warps, stages and register caps the GPU path would use for that shape. Each launch is then
 compiled by Triton's own compiler for ``cuda:<arch>`` (ptxas comes with Triton), specialised as
 the JIT would (integer arguments equal to 1 become constants, pointers and multiples of 16 get
 the divisibility hint). Register and spill counts are the assembler's, read with the bundled
 cuobjdump; they are what the GPU run's kernel report prints, up to Triton version differences.
-No timing: speed comes only from ``python -m sagebwd.bench`` on a GPU. ``--loop-mix`` counts
-the SASS instructions each kernel's main loop issues per score element and the time floors that
-sets (``sass_mix``); with ``--measured`` (a ``sagebwd.bench --kernel-times`` JSON) it divides
-the measured kernel times into them.
+No timing: speed comes only from ``python -m benchmarks.attention`` on a GPU. ``--loop-mix``
+counts the SASS instructions each kernel's main loop issues per score element and the time floors
+that sets (``sass_mix``); with ``--measured`` (a ``benchmarks.attention --kernel-times`` JSON) it
+divides the measured kernel times into them.
 """
 from __future__ import annotations
 
@@ -33,29 +34,21 @@ _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", 
 
 
 def record_launches(shape, dtype=torch.bfloat16, causal=True, smooth_q=False, block_q=128, block_kv=64,
-                    gluon=None) -> list:
-    """(name, kernel, args, kwargs) of every kernel launch of one forward and one backward;
-    `gluon` names the kernels that take their Gluon (Hopper) version (default: what a Hopper GPU
-    runs, _common.GLUON_DEFAULT or SAGEBWD_GLUON)."""
-    from . import _common, ops
+                    kernels: str = "default", quant: str = "block") -> list:
+    """(name, kernel, args, kwargs) of every kernel launch of one forward and one backward on an
+    sm90 GPU, with the registry's kernels for `kernels` and the contract `quant`
+    (sagebwd.triton.registry)."""
+    from sagebwd.triton import ops
+    from sagebwd.triton.launch import Tuning
     b, h, n, d = shape
     q, k, v, do = [torch.randn(b, h, n, d).to(dtype) for _ in range(4)]
-    _common.RECORDED = []
-    saved = _common.LAUNCH_OVERRIDES.get("gluon")
-    if gluon is not None:
-        _common.LAUNCH_OVERRIDES["gluon"] = tuple(gluon)
-    try:
-        out = ops._forward_op(q, k, v, causal, True, smooth_q, block_q, block_kv, False, True)
-        o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = out
-        ops._backward_op(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean,
-                         causal, True, smooth_q, block_q, block_kv)
-        return _common.RECORDED
-    finally:
-        _common.RECORDED = None
-        if saved is None:
-            _common.LAUNCH_OVERRIDES.pop("gluon", None)
-        else:
-            _common.LAUNCH_OVERRIDES["gluon"] = saved
+    tuning = Tuning(recorded=[], arch="sm90")
+    token = quant == "token"
+    o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = ops._forward_impl(q, k, v, causal, True, smooth_q, block_q,
+                                                                         block_kv, token, True, kernels, tuning)
+    ops._backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, True, smooth_q, block_q,
+                       block_kv, token, kernels, tuning)
+    return tuning.recorded
 
 
 def _signature(kernel, args, kwargs):
@@ -107,7 +100,7 @@ def compile_recorded(kernel, args, kwargs, arch: int = 90):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from ._common import LAUNCH_OPTIONS
+    from sagebwd.triton.launch import LAUNCH_OPTIONS
     signature, constexprs, attrs = _signature(kernel, args, kwargs)
     options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
     source = ASTSource
@@ -118,7 +111,7 @@ def compile_recorded(kernel, args, kwargs, arch: int = 90):
 
 
 def compile_launch(name, kernel, args, kwargs, arch: int = 90) -> dict:
-    from ._common import LAUNCH_OPTIONS
+    from sagebwd.triton.launch import LAUNCH_OPTIONS
     options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
     compiled = compile_recorded(kernel, args, kwargs, arch)
     ptx = compiled.asm["ptx"]
@@ -133,12 +126,12 @@ def compile_launch(name, kernel, args, kwargs, arch: int = 90) -> dict:
             "constexprs": {k: v for k, v in kwargs.items() if k.isupper()}}
 
 
-def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64), gluon=None) -> list[dict]:
+def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64), kernels="default") -> list[dict]:
     rows = []
     for d in head_dims:
         seen = set()
         for name, kernel, args, kwargs in record_launches((1, 2, seq, d), block_q=blocks[0], block_kv=blocks[1],
-                                                          gluon=gluon):
+                                                          kernels=kernels):
             key = (name, tuple(sorted((k, str(v)) for k, v in kwargs.items())))
             if key in seen:   # e.g. the quantiser runs for Q, K and V with the same settings
                 continue
@@ -151,7 +144,7 @@ LOOP_KERNELS = ("forward", "dq", "dkdv", "dv", "dk", "fused")
 BENCH_SHAPES = {64: (8, 16, 4096, 64), 128: (8, 8, 4096, 128)}   # the issue's causal targets
 
 
-def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), gluon=None) -> list[dict]:
+def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), kernels="default") -> list[dict]:
     """Per head dim, the main-loop mix of forward, dQ and dK/dV (non-causal launches: the
     unmasked steady-state loop) with their floors at the benchmark shape, causal; and the causal
     build's spill loads and stores inside its loops (causal_loop_local_ops)."""
@@ -159,7 +152,7 @@ def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), gluon
     rows = []
     for d in head_dims:
         for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=False,
-                                                          block_q=blocks[0], block_kv=blocks[1], gluon=gluon):
+                                                          block_q=blocks[0], block_kv=blocks[1], kernels=kernels):
             if name not in LOOP_KERNELS or any(r["kernel"] == name and r["head_dim"] == d for r in rows):
                 continue
             compiled = compile_recorded(kernel, args, kwargs, arch)
@@ -172,7 +165,7 @@ def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), gluon
         # The counts above are the unmasked loops; the targets are causal, whose builds differ
         # (a peeled or masked diagonal block): their spill traffic inside loops, checked apart.
         for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=True,
-                                                          block_q=blocks[0], block_kv=blocks[1], gluon=gluon):
+                                                          block_q=blocks[0], block_kv=blocks[1], kernels=kernels):
             row = next((r for r in rows if r["kernel"] == name and r["head_dim"] == d), None)
             if row is None or "causal_loop_local_ops" in row:
                 continue
@@ -182,7 +175,7 @@ def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), gluon
 
 
 def print_loop_mix(rows: list[dict], measured: dict | None = None) -> None:
-    """Markdown table; `measured` is a sagebwd.bench JSON with kernel_times (efficiency column)."""
+    """Markdown table; `measured` is a benchmarks.attention JSON with kernel_times (efficiency column)."""
     times = {}
     for entry in (measured or {}).get("kernel_times", []):
         if entry.get("causal"):
@@ -213,18 +206,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--loop-mix", action="store_true",
                     help="SASS instructions per score element of each main loop, and the floors they set")
-    ap.add_argument("--measured", help="with --loop-mix: a sagebwd.bench --kernel-times JSON for efficiency")
-    ap.add_argument("--gluon", default=None, metavar="KERNELS",
-                    help="kernels to build in their Gluon (Hopper) version: a comma list of forward, dkdv, dq, "
-                         "fused, where all and default (what a Hopper GPU runs) stand for their sets, or none")
+    ap.add_argument("--measured", help="with --loop-mix: a benchmarks.attention --kernel-times JSON for efficiency")
+    ap.add_argument("--kernels", default="default", metavar="CHOICE",
+                    help="which kernels to build (sagebwd.triton.registry: default, triton, fused or PASS=NAME "
+                         "items; python -m sagebwd.triton.registry lists them); default: what an H100/H200 runs")
     args = ap.parse_args(argv)
-    from ._common import parse_gluon
-    gluon = None
-    if args.gluon is not None:
-        try:
-            gluon = parse_gluon(args.gluon, "--gluon")
-        except ValueError as err:
-            ap.error(str(err))
+    from sagebwd.triton.registry import KernelChoiceError, parse
+    try:
+        parse(args.kernels)
+    except KernelChoiceError as err:
+        ap.error(str(err))
     bad = [d for d in args.head_dim if d not in (64, 128)]
     if bad:
         ap.error(f"--head-dim {bad}: the kernels take head_dim 64 or 128")
@@ -243,13 +234,13 @@ def main(argv=None) -> int:
                     measured = json.load(f)
             except (OSError, ValueError) as err:
                 ap.error(f"--measured {args.measured}: {err}")
-        rows = loop_mix_report(tuple(args.head_dim), args.arch, tuple(args.blocks), gluon)
+        rows = loop_mix_report(tuple(args.head_dim), args.arch, tuple(args.blocks), args.kernels)
         print_loop_mix(rows, measured)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
         return 0
-    rows = report(tuple(args.head_dim), args.arch, blocks=tuple(args.blocks), gluon=gluon)
+    rows = report(tuple(args.head_dim), args.arch, blocks=tuple(args.blocks), kernels=args.kernels)
     print("| d | kernel | warps | stages | maxnreg | regs | spill bytes | shared KB | wgmma s8 | wgmma 16-bit | "
           "mma.sync | overlapped waits |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

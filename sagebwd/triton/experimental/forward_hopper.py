@@ -1,4 +1,4 @@
-"""Forward kernel for Hopper in Gluon (opt-in: SAGEBWD_GLUON=forward): forward.py's arithmetic,
+"""Forward kernel for Hopper in Gluon (experimental; registry: forward "gluon"): forward.py's arithmetic,
 with the next tile's S = Q^K^T on the tensor cores while this tile's softmax runs.
 
 Triton 3.6 waits for each of forward.py's dots right after issuing it (neither accumulates
@@ -11,7 +11,7 @@ alpha_j + pv_j * c_j is applied one iteration late (alpha and c are carried), in
 order; O differs from forward.py's by one bf16 ulp in 1e-5 to 1e-4 of its elements (the
 compiler contracts differently), the LSE by <= 1e-6.
 
-Measured on an H200 (docs/kernel-notes.md, v14): the overlap cut the cycles between a warp's
+Measured on an H200 (docs/kernel-notes.md): the overlap cut the cycles between a warp's
 instructions from 5.3 to 3.2, but at 16 warps per SM the forward already issues in 74% of
 cycles, so the time moved by -2.5% (d=128 causal) to +5% (d=64 causal): not the default.
 Limits (forward.py runs otherwise): no Q-smoothing bias, 64-row programs with block_kv = 64, so
@@ -27,7 +27,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .dkdv_hopper import as_a_operand
+from ..dkdv_hopper import as_a_operand
 
 G_LOG2E = gl.constexpr(1.4426950408889634)
 G_LN2 = gl.constexpr(0.6931471805599453)
@@ -182,11 +182,6 @@ def _forward_kernel(q_desc, k_desc, v_desc, SQ, SK, SV, O, LSE, stride_ob, strid
     gl.store(LSE + bh * N + offs_m, m_i * G_LN2 + gl.log(l_i))
 
 
-def supports(*, head_dim: int, block_q: int, block_kv: int, smooth_q: bool) -> bool:
-    """Whether this kernel covers a forward call (else forward.py runs it)."""
-    return head_dim in (64, 128) and block_kv == BLOCK and block_q % BLOCK == 0 and not smooth_q
-
-
 def descriptors(q8, k8, v8t):
     """TMA descriptors of Q^, K^ (B*H*N, D) and V^T (B*H*D, N), in 64-row/64-column tiles."""
     b, h, n, d = q8.shape
@@ -209,13 +204,17 @@ def launch_args(q8, k8, v8t, s_q, s_k, s_v, o, lse, *, causal: bool, block_q: in
     return (n // BLOCK, b * h), args, kwargs
 
 
-def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, block_q: int, layout_of=None):
-    """O (B,H,N,D) in out_dtype (in layout_of's memory order) and LSE (B,H,N) fp32, as
-    forward.forward without Q-smoothing."""
-    from ._common import empty_in_layout_of, launch
+def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, mu_q, k, k_mean, block_q: int,
+        block_kv: int, layout_of=None, quant: str = "block", tuning=None):
+    """O (B,H,N,D) in out_dtype (in layout_of's memory order) and LSE (B,H,N) fp32, as forward.forward
+    without Q-smoothing (registry: forward "gluon"; smooth_k, mu_q, k, k_mean, block_kv are the
+    Triton forward's arguments, which its limits make unused here; the registry runs it for the
+    "block" contract only)."""
+    from .._common import empty_in_layout_of
+    from ..launch import launch
     b, h, n, d = q8.shape
     o = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype)
     lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
     grid, args, kwargs = launch_args(q8, k8, v8t, s_q, s_k, s_v, o, lse, causal=causal, block_q=block_q)
-    launch("forward", _forward_kernel, grid, *args, **kwargs)
+    launch("forward", _forward_kernel, grid, *args, tuning=tuning, **kwargs)
     return o, lse

@@ -1,0 +1,123 @@
+"""Host side of the Gluon (Hopper) backward kernels: their TMA descriptors and launches.
+
+The kernels: ``dq_hopper`` (dQ, with or without a producer warp), ``dkdv_hopper`` (dK/dV on one
+warpgroup per kv tile, the reference) and ``dkdv_ws_hopper`` (its warp-specialised form, two kv
+tiles per program). Which of them runs is the registry's choice (``registry.KERNELS``: dq and dkdv
+"gluon", "gluon-ws"); these functions launch the chosen one.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from . import dkdv_hopper, dkdv_ws_hopper, dq_hopper
+from .launch import Tuning, launch
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_layout(block: tuple, dtype: torch.dtype):
+    """The swizzled shared-memory layout of a `block` box (get_default_for costs ~10 us a call:
+    half of a descriptor's host time, and a backward builds ~20 descriptors)."""
+    gl_dtype = {torch.int8: gl.int8, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
+                torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
+
+
+def desc(t, block, strides=None):
+    """TMA descriptor of t in `block` boxes, on t's strides unless given."""
+    return TensorDescriptor(t, list(t.shape), strides or list(t.stride()), block, _shared_layout(tuple(block), t.dtype))
+
+
+def _tma_ready(t):
+    """t as a contiguous tensor at a 16-byte aligned address (what a TMA descriptor needs); a copy
+    only where t is not already."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def seq_desc(t, rows: int):
+    """TMA descriptor of v or dO (B, H, N, D) in boxes of `rows` rows of one head: 2-D over
+    (B*H*N, D) when t is contiguous, else 4-D on t's own strides ((1, 1, rows, D) boxes).
+
+    The model hands v as a permuted view of its qkv projection and dO as a transposed view,
+    DeepSpeed's Ulysses other permutations. A contiguous copy per kernel that reads them cost
+    2-4 copies per backward (fwd+bwd in the model's layout +4% at d=64, +9% at d=128, H200);
+    4-D boxes cost the d=64 dK/dV kernel 6% where none is needed, hence 2-D for contiguous t.
+    A copy is left only where TMA cannot read t: inner stride not 1, another stride or the
+    base not 16-byte aligned.
+    """
+    # a size-1 dim's stride is never used; give it one TMA accepts
+    strides = [s if n > 1 else t.shape[-1] for s, n in zip(t.stride(), t.shape)]
+    if strides[-1] != 1 or any(s * t.element_size() % 16 for s in strides[:-1]) or t.data_ptr() % 16:
+        t = _tma_ready(t)
+    d = t.shape[-1]
+    if t.is_contiguous():
+        return desc(t.reshape(-1, d), [rows, d])
+    return desc(t, [1, 1, rows, d], strides)
+
+
+def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
+                  block_q: int, ws: bool) -> list:
+    """[(name, kernel, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at
+    d=128; as dkdv_ws_hopper's kernel if `ws` (seq a multiple of 128), else dkdv_hopper's. v and do may
+    have any strides and alignment."""
+    b, h, n, d = q8.shape
+    rows = b * h * n
+    tile_rows = dkdv_hopper.ROWS
+
+    def args(kv_rows, q_rows):   # kv boxes: one tile, or both of a warp-specialised program; q: a block or a slice
+        return (desc(k8.reshape(rows, d), [kv_rows, d]), seq_desc(v, kv_rows), desc(q8.reshape(rows, d), [q_rows, d]),
+                seq_desc(do, q_rows), desc(q8t.reshape(b * h * d, n), [d, q_rows]),
+                desc(do8t.reshape(b * h * d, n), [d, q_rows]), desc(lse2.reshape(rows), [q_rows]),
+                desc(delta.reshape(rows), [q_rows]), s_q, s_k, s_do, tile_scales, dk, dv, *dk.stride()[:3],
+                1.0 / d ** 0.5, n, h)
+    kwargs = dict(HEAD_DIM=d, SLICE=dkdv_hopper.SLICE, CAUSAL=causal, num_warps=4)
+    # (name, PASS, whole q blocks per copy, diagonal block masked in the loop, stages)
+    passes = [("dkdv", dkdv_hopper.BOTH, True, False, dkdv_hopper.STAGES)] if d <= 64 else \
+        [("dv", dkdv_hopper.DV_ONLY, True, False, dkdv_hopper.STAGES),
+         ("dk", dkdv_hopper.DK_ONLY, dkdv_hopper.DK_BLOCKED, dkdv_hopper.DK_DIAG_IN_LOOP, dkdv_hopper.STAGES_DK128)]
+    out = []
+    for name, pass_, blocked, diag_in_loop, stages in passes:
+        q_rows = 2 * dkdv_hopper.SLICE if blocked else dkdv_hopper.SLICE
+        common = {**kwargs, "PASS": pass_.value, "BLOCKED": blocked, "DIAG_IN_LOOP": diag_in_loop}
+        if ws:
+            out.append((name, dkdv_ws_hopper._dkdv_ws_kernel, (n // (2 * tile_rows), b * h),
+                        args(2 * tile_rows, q_rows),
+                        {**common, "STAGES": dkdv_ws_hopper.STAGES[name], "CONSUMER_REGS": dkdv_ws_hopper.CONSUMER_REGS,
+                         "PRODUCER_REGS": dkdv_ws_hopper.PRODUCER_REGS}))
+        else:
+            out.append((name, dkdv_hopper._dkdv_kernel, (n // tile_rows, b * h), args(tile_rows, q_rows),
+                        {**common, "Q_BLOCK": block_q, "KV_BLOCK": tile_rows, "STAGES": stages}))
+    return out
+
+
+def dq_launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, causal: bool, ws: bool):
+    """(grid, args, kwargs) of the one dQ launch; v and do may have any strides and alignment."""
+    b, h, n, d = q8.shape
+    rows = b * h * n
+    q_rows, kv_rows = dq_hopper.Q_ROWS, dq_hopper.KV_ROWS
+    args = (desc(q8.reshape(rows, d), [q_rows, d]), seq_desc(do, q_rows),
+            desc(k8.reshape(rows, d), [2 * kv_rows, d]), desc(k8t.reshape(b * h * d, n), [d, 2 * kv_rows]),
+            seq_desc(v, 2 * kv_rows), s_q, s_k, lse2, delta, dq, *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h)
+    kwargs = dict(HEAD_DIM=d, Q_ROWS=q_rows, KV_ROWS=kv_rows, CAUSAL=causal, STAGES=dq_hopper.STAGES, num_warps=8,
+                  WS=ws, PRODUCER_REGS=dq_hopper.PRODUCER_REGS)
+    return (n // q_rows, b * h), args, kwargs
+
+
+def run_dq(c, tuning: Tuning | None = None, *, ws: bool) -> None:
+    """The Gluon dQ (registry: dq "gluon", "gluon-ws"), on a backward.BackwardCall; its own launch
+    settings (a tool's overrides are the Triton kernels')."""
+    grid, args, kwargs = dq_launch_args(c.q8, c.k8, c.k8t, c.s_q, c.s_k, c.v, c.do, c.lse2, c.delta, c.dq,
+                                        c.tile_scales, causal=c.causal, ws=ws)
+    launch("dq", dq_hopper._dq_kernel, grid, *args, tuning=tuning, **kwargs)
+
+
+def run_dkdv(c, tuning: Tuning | None = None, *, ws: bool) -> None:
+    """The Gluon dK/dV (registry: dkdv "gluon", "gluon-ws"), on a backward.BackwardCall."""
+    for name, kernel, grid, args, kwargs in dkdv_launches(
+            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2, c.delta, c.tile_scales, c.dk, c.dv,
+            causal=c.causal, block_q=c.block_q, ws=ws):
+        launch(name, kernel, grid, *args, tuning=tuning, **kwargs)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import sys
 
-from experiments.subcommands import dispatch
+from launcher.subcommands import dispatch
 
 SUBCOMMANDS = {
-    "expand": "experiments.manifest_expand",
-    "run": "experiments.manifest_run",
-    "compare": "experiments.compare",
+    "expand": "experiments.grid.expand",
+    "run": "experiments.grid.run",
+    "compare": "experiments.compare.command",
 }
 
 

@@ -13,15 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.compare import Comparison, compare_experiment
-from experiments.compare_mlflow import CompareError
+from experiments.compare.comparison import Comparison, compare_experiment
+from experiments.compare.store import CompareError
+from experiments.paths import CONFIGS_DIR, RUNS_DIR
 from experiments.seeds import VARIANTS as SEED_VARIANTS
 from launcher.config import RunConfig, load_run_config
 from launcher.overrides import ConfigError
 from launcher.train import RunResult, train
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO_ROOT / "experiments" / "configs" / "cpu-tiny.yaml"
+DEFAULT_CONFIG = CONFIGS_DIR / "cpu-tiny.yaml"
 BASELINE = "FPA"
 # Applied after the user's --set values: these two settings are what the demo compares.
 VARIANTS = {"FPA": SEED_VARIANTS["fpa"], "SageBwd": SEED_VARIANTS["sagebwd-k"]}
@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m experiments.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="base run config")
-    parser.add_argument("--out", default=str(REPO_ROOT / "runs" / "demo"),
+    parser.add_argument("--out", default=str(RUNS_DIR / "demo"),
                         help="folder for the comparison: report.md and the loss-curve PNG")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override the base config, e.g. "

@@ -20,11 +20,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from experiments.paths import CONFIGS_DIR, RUNS_DIR
 from launcher.config import load_run_config
 from launcher.overrides import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO_ROOT / "experiments" / "configs" / "cpu-tiny.yaml"
+DEFAULT_CONFIG = CONFIGS_DIR / "cpu-tiny.yaml"
 BASELINE = "fpa"
 VARIANTS = {
     "fpa": ["model.attention=fpa", "model.smoothing=none"],
@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variants", nargs="+", default=["fpa", "sagebwd-k"], choices=list(VARIANTS),
                         help=f"variants to train; {BASELINE} is the baseline and always included")
     parser.add_argument("--name", help="the study's name (an MLflow tag; default: the experiment's)")
-    parser.add_argument("--out", default=str(REPO_ROOT / "runs" / "seeds"),
+    parser.add_argument("--out", default=str(RUNS_DIR / "seeds"),
                         help="folder for seeds.md and seeds.json")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override the recipe, e.g. --set train.steps=200 (repeatable)")

@@ -18,7 +18,7 @@ BF16_DENSE_PEAK_TFLOPS: dict[str, float] = {
 def train_flops_per_token(m: ModelConfig) -> float:
     """Forward + backward FLOPs per token: 6 x matmul parameters (q, k, v, o, SwiGLU, LM
     head) plus the causal attention scores and values (12 * layers * seq * hidden, halved by
-    the mask). Same formula as experiments.manifest_cost, so planned and measured MFU agree."""
+    the mask). Same formula as experiments.grid.cost, so planned and measured MFU agree."""
     matmul_params = (m.num_layers * (4 * m.hidden_size ** 2 + 3 * m.hidden_size * m.ffn_hidden_size)
                      + m.padded_vocab_size * m.hidden_size)
     return 6 * matmul_params + 6 * m.num_layers * m.seq_len * m.hidden_size

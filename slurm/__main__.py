@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from experiments.subcommands import dispatch
+from launcher.subcommands import dispatch
 
 SUBCOMMANDS = {
     "submit": "slurm.submit",

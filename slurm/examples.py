@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.manifest import REPO_ROOT
-from experiments.manifest_plan import plan_manifest
+from experiments.grid.plan import plan_manifest
+from experiments.paths import REPO_ROOT
 from slurm.profile import load_user_profile
 from slurm.render import JobContext, render_array_script, render_run_script
 

@@ -14,11 +14,11 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.manifest_cost import ASSUMED_MFU
-from experiments.manifest_plan import Plan, RunSpec
-from experiments.manifest_table import human_count
-from experiments.manifest_tracking import ENV_RUN_DIR, ENV_RUN_NAME, job_environment
-from experiments.manifest_trainer import RESUME_ARGS
+from experiments.grid.cost import ASSUMED_MFU
+from experiments.grid.plan import Plan, RunSpec
+from experiments.grid.table import human_count
+from experiments.grid.tracking import ENV_RUN_DIR, ENV_RUN_NAME, job_environment
+from experiments.grid.trainer import RESUME_ARGS
 from slurm.profile import UserProfile
 
 EXIT_FILE = "slurm-exit"   # "<ledger job id> <exit status>", written when a job ends unrequeued

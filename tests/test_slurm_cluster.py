@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.manifest import REPO_ROOT
+from experiments.paths import REPO_ROOT
 
 CLUSTER_SCRIPT = REPO_ROOT / "scripts" / "slurm_cluster.sh"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
@@ -225,7 +225,7 @@ def test_usr1_checkpoints_requeues_and_resumes(tmp_path, profile):
 
 
 def trainer_resume_missing() -> str | None:
-    from experiments.manifest_trainer import RESUME_ARGS, accepts, resume_supported
+    from experiments.grid.trainer import RESUME_ARGS, accepts, resume_supported
 
     if not resume_supported():
         return (f"launcher.train has no `{' '.join(RESUME_ARGS)}` yet (issue 5: checkpoint on "

@@ -15,17 +15,18 @@ from typing import Any
 
 import yaml
 
-from experiments.grid import TrainCell, command_cells, train_cells, train_run_name
-from experiments.manifest import (REPO_ROOT, CommandManifest, Manifest, TrainManifest, load_manifest,
-                                  repo_path)
-from experiments.manifest_cost import estimated_hours, train_flops_per_token
-from experiments.manifest_errors import ManifestError, describe_error, problems_error
-from experiments.manifest_layout import Layout, LayoutError, plan_layout
-from experiments.manifest_nodes import NodeProfile, load_node_profile
-from experiments.manifest_trainer import TRAINER_KEYS, accepts, format_override, trainer_argv
+from experiments.grid.cells import TrainCell, command_cells, train_cells, train_run_name
+from experiments.grid.manifest import (CommandManifest, Manifest, TrainManifest, load_manifest,
+                                       repo_path)
+from experiments.grid.cost import estimated_hours, train_flops_per_token
+from experiments.grid.errors import ManifestError, describe_error, problems_error
+from experiments.grid.layout import Layout, LayoutError, plan_layout
+from experiments.grid.nodes import NodeProfile, load_node_profile
+from experiments.grid.trainer import TRAINER_KEYS, accepts, format_override, trainer_argv
+from experiments.paths import RUNS_DIR
 
 PYTHON = "{python}"   # argv[0] of every run; each executor substitutes its interpreter
-DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
+DEFAULT_RUNS_DIR = RUNS_DIR
 
 
 @dataclass(frozen=True)

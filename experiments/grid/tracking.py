@@ -8,7 +8,7 @@ store once, instead of letting parallel jobs race to initialise a sqlite file.
 """
 from __future__ import annotations
 
-from experiments.manifest_plan import Plan, RunSpec
+from experiments.grid.plan import Plan, RunSpec
 
 # Environment the jobs see; the names live here only.
 ENV_GRID = "SAGEBWD_GRID"                 # manifest name, e.g. "main"

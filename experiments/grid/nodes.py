@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from experiments.manifest_errors import ManifestError, read_yaml_mapping, validation_error
+from experiments.grid.errors import ManifestError, read_yaml_mapping, validation_error
+from experiments.paths import NODES_DIR
 
-NODES_DIR = Path(__file__).resolve().parent / "nodes"
 
 
 class NodeProfile(BaseModel):

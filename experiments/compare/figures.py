@@ -19,9 +19,9 @@ matplotlib.use("Agg")  # files only; no display on CI or servers
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from experiments.compare_records import FINISHED, PENDING, Curve, RunRecord  # noqa: E402
-from experiments.compare_table import CellRow  # noqa: E402
-from experiments.manifest_table import human_count  # noqa: E402
+from experiments.compare.records import FINISHED, PENDING, Curve, RunRecord  # noqa: E402
+from experiments.compare.table import CellRow  # noqa: E402
+from experiments.grid.table import human_count  # noqa: E402
 
 EMA_WINDOW = 0.02   # of the panel's longest run, in steps
 MAX_POINTS = 2000   # per drawn curve: enough for a 12-inch PNG, fast for 300k-step runs

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.manifest import Parallel, TpsPoint
-from experiments.manifest_nodes import NodeProfile
+from experiments.grid.manifest import Parallel, TpsPoint
+from experiments.grid.nodes import NodeProfile
 
 
 class LayoutError(ValueError):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.manifest_errors import ManifestError
-from experiments.manifest_expand import add_manifest_arguments
-from experiments.manifest_plan import plan_manifest
+from experiments.grid.errors import ManifestError
+from experiments.grid.expand import add_manifest_arguments
+from experiments.grid.plan import plan_manifest
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +28,8 @@ def main(args: argparse.Namespace) -> int:
 
         return submit(argparse.Namespace(**vars(args), dry_run=False, out=None, array=False,
                                          profile=None, force=False))
-    from experiments.manifest_local import LocalRunError, run_local
-    from experiments.manifest_table import format_table
+    from experiments.grid.local import LocalRunError, run_local
+    from experiments.grid.table import format_table
 
     try:
         plan = plan_manifest(args.manifest, node=args.node, only=args.only,

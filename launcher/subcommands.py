@@ -1,7 +1,8 @@
-"""A tiny subcommand dispatcher shared by `python -m experiments` and `python -m slurm`.
+"""The subcommand dispatcher of `python -m experiments` and `python -m slurm`.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and
-`main(args) -> int`; a CLI is then a dict of names to module paths.
+`main(args) -> int`; a CLI is then a dict of names to module paths. It lives here, in the
+lowest layer both CLIs import, so neither borrows from the other.
 """
 from __future__ import annotations
 

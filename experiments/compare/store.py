@@ -2,7 +2,7 @@
 report back, and say where to look in the MLflow UI.
 
 A grid is one parent run (tag sagebwd.grid = "<manifest>@<node>", made by
-experiments.manifest_tracking) with each cell a child run (tag mlflow.parentRunId), which
+experiments.grid.tracking) with each cell a child run (tag mlflow.parentRunId), which
 the MLflow UI shows nested under the parent. Runs without a parent (the demo) are
 compared as they are; their report goes on a "comparison" run of their own.
 """
@@ -17,18 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from experiments.compare_records import (METRIC_EVAL_LOSS, METRIC_LOSS, METRIC_MFU,
+from experiments.compare.records import (METRIC_EVAL_LOSS, METRIC_LOSS, METRIC_MFU,
                                          METRIC_TOKENS_PER_S, PARAM_TOKENS_PER_STEP,
                                          PARAM_TOTAL_STEPS, PENDING, TAG_ATTENTION,
                                          TAG_DIVERGED_AT, TAG_QK_NORM, TAG_SMOOTHING,
                                          TAG_TOKENS_PER_STEP, TAG_TPS, CellAxes, Curve, RunRecord)
-from experiments.manifest_tracking import GRID_TAG, ROLE_TAG
+from experiments.grid.tracking import GRID_TAG, ROLE_TAG
 
 if TYPE_CHECKING:
     from mlflow.entities import Experiment, Run
     from mlflow.tracking import MlflowClient
 
-    from experiments.manifest_plan import Plan, RunSpec
+    from experiments.grid.plan import Plan, RunSpec
 
 PARENT_TAG = "mlflow.parentRunId"   # MLflow's own nesting tag
 GRID_ROLE = "grid"                  # ROLE_TAG value on a grid's parent (manifest_tracking)
@@ -231,7 +231,7 @@ def _plan_axes(spec: "RunSpec") -> CellAxes:
 
 def select_grid(client: "MlflowClient", tracking_uri: str, plan: "Plan") -> Selection:
     """Every cell of a manifest's grid: its newest child run of the grid's parent, or pending."""
-    from experiments.manifest_tracking import grid_id
+    from experiments.grid.tracking import grid_id
 
     grid = grid_id(plan)
     if plan.manifest.kind != "train" or not plan.experiment:

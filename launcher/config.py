@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from launcher.layout import check_static_layout
 from launcher.overrides import ConfigError, apply_overrides
 from model import ModelConfig
 
@@ -129,9 +130,7 @@ class RunConfig(Section):
         if self.schedule.warmup_steps > self.train.steps:
             raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) exceeds "
                              f"train.steps ({self.train.steps}); lower the warmup")
-        from launcher.layout import check_static_layout  # the layout rules live in one module
-
-        check_static_layout(self)
+        check_static_layout(self)   # the layout rules live in launcher.layout
         return self
 
     def to_dict(self) -> dict[str, Any]:

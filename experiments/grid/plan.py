@@ -20,7 +20,7 @@ from experiments.grid.manifest import (CommandManifest, Manifest, TrainManifest,
                                        repo_path)
 from experiments.grid.cost import estimated_hours, train_flops_per_token
 from experiments.grid.errors import ManifestError, describe_error, problems_error
-from experiments.grid.layout import Layout, LayoutError, plan_layout
+from experiments.grid.layout import PlanError, PlannedLayout, plan_layout
 from experiments.grid.nodes import NodeProfile, load_node_profile
 from experiments.grid.trainer import TRAINER_KEYS, accepts, format_override, trainer_argv
 from experiments.paths import RUNS_DIR
@@ -41,7 +41,7 @@ class RunSpec:
     nodes: int = 1
     procs_per_node: int = 1          # trainer processes per node (1 for commands)
     gpus_per_node: int = 0           # GPUs the job asks for on each node
-    layout: Layout | None = None     # train runs only
+    layout: PlannedLayout | None = None   # train runs only
     base_config: str | None = None   # train runs: launcher.config.load_run_config(base_config,
     overrides: tuple[str, ...] = ()  #   list(overrides)) rebuilds the run's config in process
     steps: int | None = None
@@ -133,7 +133,7 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
         try:
             layout = plan_layout(cell.tps, point, seq_len=model.seq_len, num_heads=model.num_heads,
                                  parallel=manifest.parallel, node=plan.node)
-        except LayoutError as err:
+        except PlanError as err:
             problems.append((err.key, str(err)))
             continue
         run_dir = plan.grid_dir / name

@@ -18,12 +18,13 @@ import yaml
 from experiments.grid.cells import TrainCell, command_cells, train_cells, train_run_name
 from experiments.grid.manifest import (CommandManifest, Manifest, TrainManifest, load_manifest,
                                        repo_path)
-from experiments.grid.cost import estimated_hours, train_flops_per_token
+from experiments.grid.cost import estimated_hours
 from experiments.grid.errors import ManifestError, describe_error, problems_error
 from experiments.grid.layout import PlanError, PlannedLayout, plan_layout
 from experiments.grid.nodes import NodeProfile, load_node_profile
 from experiments.grid.trainer import TRAINER_KEYS, accepts, format_override, trainer_argv
 from experiments.paths import RUNS_DIR
+from launcher.flops import train_flops_per_token
 
 PYTHON = "{python}"   # argv[0] of every run; each executor substitutes its interpreter
 DEFAULT_RUNS_DIR = RUNS_DIR
@@ -161,9 +162,7 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
         if check_paths:
             problems += _data_path_problems(config.data.path, cell, manifest)
         m = config.model
-        flops = train_flops_per_token(hidden=m.hidden_size, layers=m.num_layers,
-                                      ffn=m.ffn_hidden_size, vocab=m.padded_vocab_size,
-                                      seq_len=m.seq_len)
+        flops = train_flops_per_token(m)
         gpus = layout.world if plan.node.accelerator == "gpu" else 0
         axes = {"tps": cell.tps, "attention": m.attention, "qk_norm": str(m.qk_norm).lower(),
                 "smoothing": m.smoothing}

@@ -25,6 +25,7 @@ from launcher.data import Batch, build_batches
 from launcher.distributed import (broadcast_object, init_process_group, rank, shutdown_process_group,
                                   sequence_parallel_group, world_size)
 from launcher.engine import build_engine
+from launcher.job_env import ENV_NODE
 from launcher.layout import Layout, resolve_layout
 from launcher.overrides import ConfigError
 from launcher.signals import StopRequest
@@ -71,8 +72,8 @@ def grid_tags(config: RunConfig, tokens_per_step: int | None = None) -> dict[str
             "model_preset": str(m.preset)}
     if config.tracking.tps_label:
         tags["tps"] = config.tracking.tps_label
-    if os.environ.get("SAGEBWD_NODE"):  # the node profile a grid job runs on
-        tags["node"] = os.environ["SAGEBWD_NODE"]
+    if os.environ.get(ENV_NODE):  # the node profile a grid job runs on
+        tags["node"] = os.environ[ENV_NODE]
     return tags
 
 

@@ -11,11 +11,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from sagebwd.validate import SUPPORTED_HEAD_DIMS
+
 # GPT-2 BPE has 50257 tokens; 50304 = next multiple of 64, which keeps the embedding and
 # LM-head matmuls on tensor-core friendly shapes (as in nanoGPT). The extra rows are never
 # targets, so they only cost 47 * hidden parameters.
 GPT2_VOCAB_SIZE = 50257
-SAGEBWD_HEAD_DIMS = (64, 128)
 
 AttentionBackend = Literal["fpa", "sagebwd"]
 Smoothing = Literal["none", "k", "qk"]
@@ -96,9 +97,9 @@ class ModelConfig(BaseModel):
                 f"model.smoothing={self.smoothing!r} only applies to attention='sagebwd' "
                 "(it preconditions INT8 quantisation); set model.smoothing=none for fpa")
         if self.attention == "sagebwd":
-            if self.head_dim not in SAGEBWD_HEAD_DIMS:
+            if self.head_dim not in SUPPORTED_HEAD_DIMS:
                 raise ValueError(
-                    f"attention='sagebwd' supports head dim {SAGEBWD_HEAD_DIMS}, got "
+                    f"attention='sagebwd' supports head dim {SUPPORTED_HEAD_DIMS}, got "
                     f"{self.head_dim} (hidden_size {self.hidden_size} / num_heads {self.num_heads})")
             for block in ("block_q", "block_kv"):
                 if self.seq_len % getattr(self, block):

@@ -17,8 +17,9 @@ from pathlib import Path
 from experiments.grid.cost import ASSUMED_MFU
 from experiments.grid.plan import Plan, RunSpec
 from experiments.grid.table import human_count
-from experiments.grid.tracking import ENV_RUN_DIR, ENV_RUN_NAME, job_environment
+from experiments.grid.tracking import job_environment
 from experiments.grid.trainer import RESUME_ARGS
+from launcher.job_env import ENV_RUN_DIR, ENV_RUN_NAME
 from slurm.profile import UserProfile
 
 EXIT_FILE = "slurm-exit"   # "<ledger job id> <exit status>", written when a job ends unrequeued

@@ -23,6 +23,7 @@ from experiments.compare.records import (METRIC_EVAL_LOSS, METRIC_LOSS, METRIC_M
                                          TAG_DIVERGED_AT, TAG_QK_NORM, TAG_SMOOTHING,
                                          TAG_TOKENS_PER_STEP, TAG_TPS, CellAxes, Curve, RunRecord)
 from experiments.grid.tracking import GRID_TAG, ROLE_TAG
+from launcher.tracking import PARENT_RUN_TAG as PARENT_TAG   # MLflow's own nesting tag
 
 if TYPE_CHECKING:
     from mlflow.entities import Experiment, Run
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
     from experiments.grid.plan import Plan, RunSpec
 
-PARENT_TAG = "mlflow.parentRunId"   # MLflow's own nesting tag
 GRID_ROLE = "grid"                  # ROLE_TAG value on a grid's parent (manifest_tracking)
 COMPARISON_ROLE = "comparison"      # ROLE_TAG value on a run that only holds a report
 COMPARED_RUNS_TAG = "sagebwd.compared_runs"   # a hash of the compared run ids

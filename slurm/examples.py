@@ -2,9 +2,8 @@
 
     python -m slurm.examples
 
-Rendered with docs/examples/cluster-profile.yaml (an illustrative cluster) and as the
-trainer will run once it resumes from checkpoints (`--resume auto`, issue 5), so the
-example shows the USR1 checkpoint-and-requeue logic. tests/test_slurm_render.py fails when
+Rendered with docs/examples/cluster-profile.yaml (an illustrative cluster), as submit
+renders it: training jobs checkpoint on USR1, requeue and resume (`--resume auto`). tests/test_slurm_render.py fails when
 the committed files differ from a fresh rendering.
 """
 from __future__ import annotations

@@ -58,12 +58,10 @@ def submit_command(args: argparse.Namespace) -> str:
 
 
 def job_context(plan: Plan, profile: UserProfile, command: str, parent_run_id: str | None) -> JobContext:
-    from experiments.grid.trainer import resume_supported
-
     return JobContext(python=profile.python_path, workdir=profile.workdir_path,
                       tracking_uri=resolve_tracking_uri(profile.tracking_uri),
                       parent_run_id=parent_run_id,
-                      trainer_resumes=plan.manifest.kind == "train" and resume_supported(),
+                      trainer_resumes=plan.manifest.kind == "train",
                       submit_command=command)
 
 

@@ -22,7 +22,7 @@ from experiments.grid.cost import estimated_hours
 from experiments.grid.errors import ManifestError, describe_error, problems_error
 from experiments.grid.layout import PlanError, PlannedLayout, plan_layout
 from experiments.grid.nodes import NodeProfile, load_node_profile
-from experiments.grid.trainer import TRAINER_KEYS, accepts, format_override, trainer_argv
+from experiments.grid.trainer import TRAINER_KEYS, format_override, trainer_argv
 from experiments.paths import RUNS_DIR
 from launcher.flops import train_flops_per_token
 
@@ -113,7 +113,6 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
 
     base_raw = yaml.safe_load(repo_path(manifest.base_config).read_text()) or {}
     problems: list[tuple[str, str]] = []
-    notes = set()
     for cell in train_cells(manifest):
         where = f"grid[{cell.block}]"
         free = {**manifest.overrides, **dict(cell.variant_overrides), **_model_axes(cell)}
@@ -142,17 +141,8 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
                  "steps": point.steps, "warmup_steps": point.warmup_steps, "run_name": name}
         if manifest.experiment:
             owned["experiment"] = manifest.experiment
-        planned = {"tps": point.tokens, "sp": layout.sp, "zero_stage": layout.zero_stage,
-                   "checkpoint_dir": str(run_dir / "checkpoints"), "tps_label": cell.tps}
-        for concept, value in planned.items():
-            if accepts(concept):
-                owned[concept] = value
-            elif concept == "sp" and value != 1:
-                problems.append(("parallel.sp", f"sp={value}, but the trainer has no "
-                                 f"{TRAINER_KEYS['sp']} yet (issue 5: DP x SP world); use sp: 1"))
-            elif concept in ("zero_stage", "checkpoint_dir"):
-                notes.add(f"{concept} is not passed: the trainer has no {TRAINER_KEYS[concept]} "
-                          "yet (issue 5)")
+        owned |= {"tps": point.tokens, "sp": layout.sp, "zero_stage": layout.zero_stage,
+                  "checkpoint_dir": str(run_dir / "checkpoints"), "tps_label": cell.tps}
         sets += [format_override(TRAINER_KEYS[k], v) for k, v in owned.items()]
         try:
             config = build_run_config(apply_overrides(base_raw, sets), source=name)
@@ -178,7 +168,6 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
             tps=point.tokens,
             est_hours=estimated_hours(point.steps * point.tokens, flops, gpus,
                                       plan.node.bf16_peak_tflops)))
-    plan.notes = sorted(notes)
     return problems
 
 

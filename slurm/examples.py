@@ -25,7 +25,7 @@ def render_examples() -> dict[Path, str]:
     profile = load_user_profile(str(PROFILE))
     plan = plan_manifest(MANIFEST, node=NODE, runs_dir=profile.runs_path, check_paths=False)
     ctx = JobContext(python=profile.python_path, workdir=profile.workdir_path,
-                     tracking_uri=profile.tracking_uri, parent_run_id=None, trainer_resumes=True,
+                     tracking_uri=profile.tracking_uri, parent_run_id=None,
                      submit_command=f"python -m slurm submit {MANIFEST} --node {NODE}")
     out = EXAMPLES_DIR / f"{MANIFEST}-{NODE}"
     files = {out / f"{run.name}.sbatch": render_run_script(plan, run, profile, ctx)

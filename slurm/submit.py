@@ -61,7 +61,6 @@ def job_context(plan: Plan, profile: UserProfile, command: str, parent_run_id: s
     return JobContext(python=profile.python_path, workdir=profile.workdir_path,
                       tracking_uri=resolve_tracking_uri(profile.tracking_uri),
                       parent_run_id=parent_run_id,
-                      trainer_resumes=plan.manifest.kind == "train",
                       submit_command=command)
 
 

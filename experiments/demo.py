@@ -8,7 +8,6 @@ under --out, logged on a comparison run, with the MLflow UI link.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from experiments.compare.store import CompareError
 from experiments.paths import CONFIGS_DIR, RUNS_DIR
 from experiments.seeds import VARIANTS as SEED_VARIANTS
 from launcher.config import RunConfig, load_run_config
+from launcher.logs import configure_logging
 from launcher.overrides import ConfigError
 from launcher.train import RunResult, train
 
@@ -55,8 +55,7 @@ def compare_runs(results: dict[str, RunResult], configs: dict[str, RunConfig], o
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    configure_logging()
     try:
         configs = build_variant_configs(args.config, args.overrides)
     except ConfigError as err:

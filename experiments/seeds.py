@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import statistics
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from experiments.paths import CONFIGS_DIR, RUNS_DIR
 from launcher.config import load_run_config
+from launcher.logs import configure_logging
 from launcher.overrides import ConfigError
 
 DEFAULT_CONFIG = CONFIGS_DIR / "cpu-tiny.yaml"
@@ -116,8 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    configure_logging()
     try:   # every run's config is validated before any trains, so a typo fails in seconds
         base = load_run_config(args.config, args.overrides)
         seeds = seed_list(base.seed, args.seeds)

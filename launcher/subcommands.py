@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from launcher.logs import configure_logging
+
 
 def build_parser(prog: str, description: str, subcommands: dict[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description,
@@ -26,4 +28,5 @@ def build_parser(prog: str, description: str, subcommands: dict[str, str]) -> ar
 
 def dispatch(prog: str, description: str, subcommands: dict[str, str], argv: list[str] | None) -> int:
     args = build_parser(prog, description, subcommands).parse_args(argv)
+    configure_logging()
     return args.run(args)

@@ -6,7 +6,6 @@ train/eval loop -> MLflow run (params, tags, per-step metrics).
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import sys
@@ -27,6 +26,7 @@ from launcher.distributed import (broadcast_object, init_process_group, rank, sh
 from launcher.engine import build_engine
 from launcher.job_env import ENV_NODE
 from launcher.layout import Layout, resolve_layout
+from launcher.logs import configure_logging
 from launcher.overrides import ConfigError
 from launcher.signals import StopRequest
 from launcher.throughput import device_peak_tflops, memory_gib, mfu, train_flops_per_token
@@ -348,8 +348,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    configure_logging()
     try:
         config = load_run_config(args.config, args.overrides)
         result = train(config, resume=args.resume)

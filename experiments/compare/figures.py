@@ -57,11 +57,13 @@ def _smoothing_label(r: RunRecord) -> str:
 
 
 def _full_label(r: RunRecord) -> str:
+    """Every setting the run logged: 'FPA, QK-norm' against 'SageBwd, QK-norm, K-smoothing'."""
+    qk = {True: "QK-norm", False: "no QK-norm"}.get(r.axes.qk_norm)
     if r.axes.attention == "fpa":
-        return _with_variant(_fpa_label(r), r)
-    qk = "QK-norm" if r.axes.qk_norm else "no QK-norm"
-    smoothing = SMOOTHING_NAMES.get(r.axes.smoothing, r.axes.smoothing)
-    return _with_variant(f"SageBwd, {qk}, {smoothing}", r)
+        parts = ["FPA", qk]
+    else:
+        parts = ["SageBwd", qk, SMOOTHING_NAMES.get(r.axes.smoothing, r.axes.smoothing)]
+    return _with_variant(", ".join(part for part in parts if part), r)
 
 
 QK_NORM_VIEW = FigureView(

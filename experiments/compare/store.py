@@ -319,8 +319,19 @@ def ui_instructions(tracking_uri: str, experiment_id: str, report_run_id: str | 
     if report_run_id:
         lines.append(f"This report: {base}/#/experiments/{experiment_id}/runs/{report_run_id}"
                      f"/artifacts/{ARTIFACT_DIR}/report.md")
-    if len(run_ids) > 1:
-        lines.append(f"MLflow's own chart comparison: {base}/#/compare-runs?runs="
-                     f"{quote(json.dumps(run_ids, separators=COMPACT))}"
-                     f"&experiments={quote(json.dumps([experiment_id], separators=COMPACT))}")
+    if run_ids:
+        lines.append(f"Loss curves of these runs in MLflow: {base}/#/"
+                     + metric_plot_route(run_ids, experiment_id, [METRIC_LOSS, METRIC_EVAL_LOSS]))
     return lines
+
+
+def metric_plot_route(run_ids: list[str], experiment_id: str, keys: list[str]) -> str:
+    """MLflow's metric plot page for these runs, with the query its UI builds itself
+    (Routes.getMetricPageRoute of MLflow 3's UI: the 'Plot chart' link of a run comparison)."""
+    def arg(value) -> str:
+        return quote(json.dumps(value, separators=COMPACT))
+
+    return (f"metric?runs={arg(run_ids)}&metric={arg(keys[0])}&experiments={arg([experiment_id])}"
+            f"&plot_metric_keys={arg(keys)}&plot_layout={arg({})}&x_axis=step"
+            f"&y_axis_scale=linear&line_smoothness=1&show_point=false"
+            f"&deselected_curves={arg([])}&last_linear_y_axis_range={arg([])}")

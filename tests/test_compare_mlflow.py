@@ -22,8 +22,8 @@ from mlflow.tracking import MlflowClient
 
 from experiments.compare.comparison import compare_experiment, compare_manifest
 from experiments.compare.store import COMPARISON_ROLE, PARENT_TAG, CompareError
-from experiments.paths import REPO_ROOT
 from experiments.grid.tracking import GRID_TAG, ROLE_TAG
+from experiments.paths import REPO_ROOT
 
 PYTHON = sys.executable
 EXPERIMENT = "cmp-grid"

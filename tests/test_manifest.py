@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.paths import REPO_ROOT
 from experiments.grid.errors import ManifestError
 from experiments.grid.plan import plan_manifest
+from experiments.paths import REPO_ROOT
 
 PYTHON = sys.executable
 SMOKE_BASE = {

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.paths import REPO_ROOT
 from experiments.grid.errors import ManifestError
 from experiments.grid.plan import plan_manifest
+from experiments.paths import REPO_ROOT
 from slurm.examples import render_examples
 from slurm.ledger import Entry, blocking_reason
 from slurm.profile import UserProfile, load_user_profile

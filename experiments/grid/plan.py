@@ -16,11 +16,11 @@ from typing import Any
 import yaml
 
 from experiments.grid.cells import TrainCell, command_cells, train_cells, train_run_name
-from experiments.grid.manifest import (CommandManifest, Manifest, TrainManifest, load_manifest,
-                                       repo_path)
 from experiments.grid.cost import estimated_hours
 from experiments.grid.errors import ManifestError, describe_error, problems_error
 from experiments.grid.layout import PlanError, PlannedLayout, plan_layout
+from experiments.grid.manifest import (CommandManifest, Manifest, TrainManifest, load_manifest,
+                                       repo_path)
 from experiments.grid.nodes import NodeProfile, load_node_profile
 from experiments.grid.trainer import TRAINER_KEYS, format_override, trainer_argv
 from experiments.paths import RUNS_DIR

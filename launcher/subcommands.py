@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from typing import Callable
 
 from launcher.logs import configure_logging
 
@@ -30,3 +31,9 @@ def dispatch(prog: str, description: str, subcommands: dict[str, str], argv: lis
     args = build_parser(prog, description, subcommands).parse_args(argv)
     configure_logging()
     return args.run(args)
+
+
+def command_line(prog: str, description: str,
+                 subcommands: dict[str, str]) -> Callable[[list[str] | None], int]:
+    """A CLI's `main(argv=None) -> exit code`."""
+    return lambda argv=None: dispatch(prog, description, subcommands, argv)

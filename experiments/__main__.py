@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import sys
 
-from experiments.subcommands import dispatch
+from launcher.subcommands import command_line
 
 SUBCOMMANDS = {
-    "expand": "experiments.manifest_expand",
-    "run": "experiments.manifest_run",
-    "compare": "experiments.compare",
+    "expand": "experiments.grid.expand",
+    "run": "experiments.grid.run",
+    "compare": "experiments.compare.command",
 }
-
-
-def main(argv: list[str] | None = None) -> int:
-    return dispatch("python -m experiments", __doc__, SUBCOMMANDS, argv)
-
+main = command_line("python -m experiments", __doc__, SUBCOMMANDS)
 
 if __name__ == "__main__":
     sys.exit(main())

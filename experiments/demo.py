@@ -8,20 +8,20 @@ under --out, logged on a comparison run, with the MLflow UI link.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from pathlib import Path
 
-from experiments.compare import Comparison, compare_experiment
-from experiments.compare_mlflow import CompareError
+from experiments.compare.comparison import Comparison, compare_experiment
+from experiments.compare.store import CompareError
+from experiments.paths import CONFIGS_DIR, RUNS_DIR
 from experiments.seeds import VARIANTS as SEED_VARIANTS
 from launcher.config import RunConfig, load_run_config
+from launcher.logs import configure_logging
 from launcher.overrides import ConfigError
 from launcher.train import RunResult, train
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO_ROOT / "experiments" / "configs" / "cpu-tiny.yaml"
+DEFAULT_CONFIG = CONFIGS_DIR / "cpu-tiny.yaml"
 BASELINE = "FPA"
 # Applied after the user's --set values: these two settings are what the demo compares.
 VARIANTS = {"FPA": SEED_VARIANTS["fpa"], "SageBwd": SEED_VARIANTS["sagebwd-k"]}
@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m experiments.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="base run config")
-    parser.add_argument("--out", default=str(REPO_ROOT / "runs" / "demo"),
+    parser.add_argument("--out", default=str(RUNS_DIR / "demo"),
                         help="folder for the comparison: report.md and the loss-curve PNG")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override the base config, e.g. "
@@ -55,8 +55,7 @@ def compare_runs(results: dict[str, RunResult], configs: dict[str, RunConfig], o
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    configure_logging()
     try:
         configs = build_variant_configs(args.config, args.overrides)
     except ConfigError as err:

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import statistics
 import sys
 from pathlib import Path
 
+from experiments.paths import CONFIGS_DIR, RUNS_DIR
 from launcher.config import load_run_config
+from launcher.logs import configure_logging
 from launcher.overrides import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO_ROOT / "experiments" / "configs" / "cpu-tiny.yaml"
+DEFAULT_CONFIG = CONFIGS_DIR / "cpu-tiny.yaml"
 BASELINE = "fpa"
 VARIANTS = {
     "fpa": ["model.attention=fpa", "model.smoothing=none"],
@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variants", nargs="+", default=["fpa", "sagebwd-k"], choices=list(VARIANTS),
                         help=f"variants to train; {BASELINE} is the baseline and always included")
     parser.add_argument("--name", help="the study's name (an MLflow tag; default: the experiment's)")
-    parser.add_argument("--out", default=str(REPO_ROOT / "runs" / "seeds"),
+    parser.add_argument("--out", default=str(RUNS_DIR / "seeds"),
                         help="folder for seeds.md and seeds.json")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override the recipe, e.g. --set train.steps=200 (repeatable)")
@@ -116,8 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    configure_logging()
     try:   # every run's config is validated before any trains, so a typo fails in seconds
         base = load_run_config(args.config, args.overrides)
         seeds = seed_list(base.seed, args.seeds)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from launcher.layout import check_static_layout
 from launcher.overrides import ConfigError, apply_overrides
 from model import ModelConfig
 
@@ -143,8 +144,6 @@ def cross_section_problems(config: RunConfig) -> list[str]:
     if config.schedule.warmup_steps > config.train.steps:
         problems.append(f"schedule.warmup_steps ({config.schedule.warmup_steps}) exceeds "
                         f"train.steps ({config.train.steps}); lower the warmup")
-    from launcher.layout import check_static_layout  # the layout rules live in one module
-
     try:
         check_static_layout(config)
     except ValueError as err:

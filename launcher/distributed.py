@@ -75,6 +75,9 @@ def init_process_group() -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend="nccl", timeout=COLLECTIVE_TIMEOUT)
     else:
+        # A CPU world by choice: said to DeepSpeed before its first import, it does not guess
+        # (and warn that it was "unable to detect" an accelerator).
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
         dist.init_process_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
         skip_deepspeed_shm_comm()
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from launcher.job_env import ENV_PARENT_RUN_ID
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_PARAMS_PER_BATCH = 100   # MLflow's log_batch limits
 MAX_METRICS_PER_BATCH = 1000
@@ -43,7 +45,6 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
-PARENT_RUN_ENV = "SAGEBWD_PARENT_RUN_ID"   # set by the manifest layer for a grid's jobs
 PARENT_RUN_TAG = "mlflow.parentRunId"     # MLflow's own tag: the UI nests the run under it
 
 
@@ -71,7 +72,7 @@ class MlflowRun:
         found = client.get_experiment_by_name(experiment)
         experiment_id = (found.experiment_id if found else client.create_experiment(
             experiment, artifact_location=_artifact_root(uri)))
-        parent = os.environ.get(PARENT_RUN_ENV)
+        parent = os.environ.get(ENV_PARENT_RUN_ID)
         if parent:
             tags = {**tags, PARENT_RUN_TAG: parent}
         run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id

@@ -6,7 +6,6 @@ train/eval loop -> MLflow run (params, tags, per-step metrics).
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import sys
@@ -25,7 +24,9 @@ from launcher.data import Batch, build_batches
 from launcher.distributed import (broadcast_object, init_process_group, rank, shutdown_process_group,
                                   sequence_parallel_group, world_size)
 from launcher.engine import build_engine
+from launcher.job_env import ENV_NODE
 from launcher.layout import Layout, resolve_layout
+from launcher.logs import configure_logging
 from launcher.overrides import ConfigError
 from launcher.signals import StopRequest
 from launcher.throughput import device_peak_tflops, memory_gib, mfu, train_flops_per_token
@@ -75,8 +76,8 @@ def grid_tags(config: RunConfig, tokens_per_step: int | None = None) -> dict[str
             "model_preset": str(m.preset)}
     if config.tracking.tps_label:
         tags["tps"] = config.tracking.tps_label
-    if os.environ.get("SAGEBWD_NODE"):  # the node profile a grid job runs on
-        tags["node"] = os.environ["SAGEBWD_NODE"]
+    if os.environ.get(ENV_NODE):  # the node profile a grid job runs on
+        tags["node"] = os.environ[ENV_NODE]
     return tags
 
 
@@ -424,8 +425,7 @@ def report_error(err: Exception, full: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    configure_logging()
     try:
         config = load_run_config(args.config, args.overrides)
         result = train(config, resume=args.resume)

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from sagebwd.triton.registry import KernelChoiceError, parse as parse_kernels
-from sagebwd.validate import QUANT_CONTRACTS
+from sagebwd.validate import QUANT_CONTRACTS, SUPPORTED_HEAD_DIMS
 
 from model.loss import LossImpl
 
@@ -20,7 +20,6 @@ from model.loss import LossImpl
 # LM-head matmuls on tensor-core friendly shapes (as in nanoGPT). The extra rows are never
 # targets, so they only cost 47 * hidden parameters.
 GPT2_VOCAB_SIZE = 50257
-SAGEBWD_HEAD_DIMS = (64, 128)
 
 AttentionBackend = Literal["fpa", "sagebwd"]
 Smoothing = Literal["none", "k", "qk"]
@@ -128,9 +127,9 @@ class ModelConfig(BaseModel):
                 parse_kernels(self.sagebwd_kernels)
             except KernelChoiceError as err:
                 problems.append(f"model.sagebwd_kernels: {err}")
-            if self.head_dim not in SAGEBWD_HEAD_DIMS:
+            if self.head_dim not in SUPPORTED_HEAD_DIMS:
                 problems.append(
-                    f"attention='sagebwd' supports head dim {SAGEBWD_HEAD_DIMS}, got "
+                    f"attention='sagebwd' supports head dim {SUPPORTED_HEAD_DIMS}, got "
                     f"{self.head_dim} (hidden_size {self.hidden_size} / num_heads {self.num_heads})")
             for block in ("block_q", "block_kv"):
                 if self.seq_len % getattr(self, block):

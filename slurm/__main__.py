@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import sys
 
-from experiments.subcommands import dispatch
+from launcher.subcommands import command_line
 
 SUBCOMMANDS = {
     "submit": "slurm.submit",
     "status": "slurm.status",
     "cancel": "slurm.cancel",
 }
-
-
-def main(argv: list[str] | None = None) -> int:
-    return dispatch("python -m slurm", __doc__, SUBCOMMANDS, argv)
-
+main = command_line("python -m slurm", __doc__, SUBCOMMANDS)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,7 +8,7 @@ import argparse
 import fnmatch
 import sys
 
-from experiments.manifest_errors import ManifestError
+from experiments.grid.errors import ManifestError
 from slurm.commands import ACTIVE_STATES, SlurmError, job_states, scancel
 from slurm.status import selected_entries
 

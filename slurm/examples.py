@@ -2,17 +2,16 @@
 
     python -m slurm.examples
 
-Rendered with docs/examples/cluster-profile.yaml (an illustrative cluster) and as the
-trainer will run once it resumes from checkpoints (`--resume auto`, issue 5), so the
-example shows the USR1 checkpoint-and-requeue logic. tests/test_slurm_render.py fails when
+Rendered with docs/examples/cluster-profile.yaml (an illustrative cluster), as submit
+renders it: training jobs checkpoint on USR1, requeue and resume (`--resume auto`). tests/test_slurm_render.py fails when
 the committed files differ from a fresh rendering.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.manifest import REPO_ROOT
-from experiments.manifest_plan import plan_manifest
+from experiments.grid.plan import plan_manifest
+from experiments.paths import REPO_ROOT
 from slurm.profile import load_user_profile
 from slurm.render import JobContext, render_array_script, render_run_script
 
@@ -26,7 +25,7 @@ def render_examples() -> dict[Path, str]:
     profile = load_user_profile(str(PROFILE))
     plan = plan_manifest(MANIFEST, node=NODE, runs_dir=profile.runs_path, check_paths=False)
     ctx = JobContext(python=profile.python_path, workdir=profile.workdir_path,
-                     tracking_uri=profile.tracking_uri, parent_run_id=None, trainer_resumes=True,
+                     tracking_uri=profile.tracking_uri, parent_run_id=None,
                      submit_command=f"python -m slurm submit {MANIFEST} --node {NODE}")
     out = EXAMPLES_DIR / f"{MANIFEST}-{NODE}"
     files = {out / f"{run.name}.sbatch": render_run_script(plan, run, profile, ctx)

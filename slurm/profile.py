@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from experiments.manifest import REPO_ROOT
-from experiments.manifest_errors import read_yaml_mapping, validation_error
+from experiments.grid.errors import read_yaml_mapping, validation_error
+from experiments.paths import REPO_ROOT
 
 PROFILE_ENV = "SAGEBWD_SLURM_PROFILE"
 DEFAULT_PROFILE = Path("~/.config/sagebwd/slurm.yaml")

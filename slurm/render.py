@@ -1,10 +1,11 @@
 """sbatch scripts from a Plan: one script per run, or one job array over the grid.
 
 A training job runs one srun task per node; each task starts torchrun, which starts the
-node's trainer processes and joins the others at a rendezvous on the first node. When the
-trainer can resume (`--resume auto`, issue 5), the job asks Slurm for USR1 shortly before
-its time limit, passes it to the trainer (which checkpoints and exits) and requeues itself;
-the restarted job resumes from the checkpoint under the same job id and MLflow run.
+node's trainer processes and joins the others at a rendezvous on the first node. The job
+asks Slurm for USR1 shortly before its time limit, passes it to the trainer (which
+checkpoints and exits) and requeues itself; the restarted job resumes (`--resume auto`)
+from the checkpoint under the same job id and MLflow run. A command job does the same when
+its manifest says it resumes on the signal, and otherwise ends at its time limit.
 Rendering is a pure function of the plan, the user profile and a JobContext, so a dry run
 shows exactly what a submit sends.
 """
@@ -14,11 +15,12 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.manifest_cost import ASSUMED_MFU
-from experiments.manifest_plan import Plan, RunSpec
-from experiments.manifest_table import human_count
-from experiments.manifest_tracking import ENV_RUN_DIR, ENV_RUN_NAME, job_environment
-from experiments.manifest_trainer import RESUME_ARGS
+from experiments.grid.cost import ASSUMED_MFU
+from experiments.grid.plan import Plan, RunSpec
+from experiments.grid.table import human_count
+from experiments.grid.tracking import job_environment
+from experiments.grid.trainer import RESUME_ARGS
+from launcher.job_env import ENV_RUN_DIR, ENV_RUN_NAME
 from slurm.profile import UserProfile
 
 EXIT_FILE = "slurm-exit"   # "<ledger job id> <exit status>", written when a job ends unrequeued
@@ -32,7 +34,6 @@ class JobContext:
     workdir: Path
     tracking_uri: str
     parent_run_id: str | None      # None in a dry run: submit creates the grid's parent run
-    trainer_resumes: bool          # launcher.train takes --resume auto
     submit_command: str            # shown in the header
 
 
@@ -44,8 +45,8 @@ def array_log(plan: Plan) -> str:
     return f"{plan.grid_dir}/logs/%x-%A_%a.out"
 
 
-def requeues(run: RunSpec, ctx: JobContext) -> bool:
-    return ctx.trainer_resumes if run.kind == "train" else run.resumes_on_signal
+def requeues(run: RunSpec) -> bool:
+    return run.kind == "train" or run.resumes_on_signal
 
 
 def _describe(run: RunSpec, node: str) -> list[str]:
@@ -66,14 +67,11 @@ def _describe(run: RunSpec, node: str) -> list[str]:
     return lines
 
 
-def _header(plan: Plan, runs: list[RunSpec], ctx: JobContext, requeue: bool) -> list[str]:
+def _header(plan: Plan, runs: list[RunSpec], ctx: JobContext) -> list[str]:
     lines = ["#!/bin/bash"]
     for run in runs:
         lines += _describe(run, plan.node.name)
     lines.append(f"# Rendered by `{ctx.submit_command}`; change the manifest, not this file.")
-    if runs[0].kind == "train" and not requeue:
-        lines.append("# No USR1/requeue: launcher.train cannot resume from a checkpoint yet "
-                     f"(`{' '.join(RESUME_ARGS)}`, issue 5); the job ends at its time limit.")
     return lines
 
 
@@ -107,10 +105,10 @@ def _exports(env: dict[str, str], indent: str = "") -> list[str]:
     return [f"{indent}export {key}={shlex.quote(value)}" for key, value in env.items()]
 
 
-def _run_args(run: RunSpec, ctx: JobContext, indent: str) -> list[str]:
+def _run_args(run: RunSpec, indent: str) -> list[str]:
     """RUN_ARGS=( ... ): the program's arguments after the interpreter, one option a line."""
     args = list(run.argv[1:])
-    if run.kind == "train" and ctx.trainer_resumes:
+    if run.kind == "train":
         args += RESUME_ARGS
     lines, i = [], 0
     while i < len(args):
@@ -199,11 +197,11 @@ def _body(plan: Plan, runs: list[RunSpec], profile: UserProfile, ctx: JobContext
         for index, (run, env) in enumerate(zip(runs, envs)):
             lines.append(f"  {index})")
             lines += _exports({k: env[k] for k in per_run}, indent="    ")
-            lines += _run_args(run, ctx, indent="    ")
+            lines += _run_args(run, indent="    ")
             lines.append("    ;;")
         lines += ['  *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
     else:
-        lines += _exports({k: envs[0][k] for k in per_run}) + _run_args(runs[0], ctx, indent="")
+        lines += _exports({k: envs[0][k] for k in per_run}) + _run_args(runs[0], indent="")
     # The id the ledger knows this run by: "<array id>_<task>" for array tasks.
     lines.append('JOB_REF="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"'
                  if array else 'JOB_REF="$SLURM_JOB_ID"')
@@ -220,8 +218,8 @@ def _body(plan: Plan, runs: list[RunSpec], profile: UserProfile, ctx: JobContext
 
 
 def render_run_script(plan: Plan, run: RunSpec, profile: UserProfile, ctx: JobContext) -> str:
-    requeue = requeues(run, ctx)
-    lines = _header(plan, [run], ctx, requeue)
+    requeue = requeues(run)
+    lines = _header(plan, [run], ctx)
     lines += _sbatch_options(plan, run, profile, job_name=run.name, output=run_log(run),
                              requeue=requeue, array=None)
     lines += _body(plan, [run], profile, ctx, requeue, array=False)
@@ -232,8 +230,8 @@ def render_array_script(plan: Plan, runs: list[RunSpec], profile: UserProfile,
                         ctx: JobContext) -> str:
     """One job array over `runs`; task i runs runs[i]. All cells of a plan share one node
     profile and layout size, so one resource request fits every task."""
-    requeue = requeues(runs[0], ctx)
-    lines = _header(plan, runs, ctx, requeue)
+    requeue = requeues(runs[0])
+    lines = _header(plan, runs, ctx)
     lines += _sbatch_options(plan, runs[0], profile, job_name=plan.manifest.name,
                              output=array_log(plan), requeue=requeue,
                              array=f"0-{len(runs) - 1}")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.manifest import load_manifest
-from experiments.manifest_errors import ManifestError
+from experiments.grid.errors import ManifestError
+from experiments.grid.manifest import load_manifest
 from slurm.commands import SlurmError, job_states
 from slurm.ledger import Entry, Ledger
 from slurm.profile import load_user_profile

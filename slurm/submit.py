@@ -17,10 +17,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from experiments.manifest_errors import ManifestError
-from experiments.manifest_expand import add_manifest_arguments
-from experiments.manifest_plan import Plan, RunSpec, plan_manifest
-from experiments.manifest_tracking import ensure_parent_run, resolve_tracking_uri
+from experiments.grid.errors import ManifestError
+from experiments.grid.expand import add_manifest_arguments
+from experiments.grid.plan import Plan, RunSpec, plan_manifest
+from experiments.grid.tracking import ensure_parent_run, resolve_tracking_uri
 from slurm.commands import SlurmError, job_states, sbatch
 from slurm.ledger import Entry, Ledger, blocking_reason
 from slurm.profile import UserProfile, load_user_profile
@@ -58,12 +58,9 @@ def submit_command(args: argparse.Namespace) -> str:
 
 
 def job_context(plan: Plan, profile: UserProfile, command: str, parent_run_id: str | None) -> JobContext:
-    from experiments.manifest_trainer import resume_supported
-
     return JobContext(python=profile.python_path, workdir=profile.workdir_path,
                       tracking_uri=resolve_tracking_uri(profile.tracking_uri),
                       parent_run_id=parent_run_id,
-                      trainer_resumes=plan.manifest.kind == "train" and resume_supported(),
                       submit_command=command)
 
 

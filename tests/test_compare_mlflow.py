@@ -19,10 +19,10 @@ import yaml
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from experiments.compare import compare_experiment, compare_manifest
-from experiments.compare_mlflow import COMPARISON_ROLE, PARENT_TAG, CompareError
-from experiments.manifest import REPO_ROOT
-from experiments.manifest_tracking import GRID_TAG, ROLE_TAG
+from experiments.compare.comparison import compare_experiment, compare_manifest
+from experiments.compare.store import COMPARISON_ROLE, PARENT_TAG, CompareError
+from experiments.grid.tracking import GRID_TAG, ROLE_TAG
+from experiments.paths import REPO_ROOT
 from mlflow_server_process import MlflowServer, free_port
 
 PYTHON = sys.executable

@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from experiments.compare_figures import (ALL_CELLS_VIEW, QK_NORM_VIEW, SMOOTHING_VIEW, ema,
+from experiments.compare.figures import (ALL_CELLS_VIEW, QK_NORM_VIEW, SMOOTHING_VIEW, ema,
                                          views_for, write_figures)
-from experiments.compare_records import (PARAM_TOTAL_STEPS, PENDING, TAG_ATTENTION,
+from experiments.compare.records import (PARAM_TOTAL_STEPS, PENDING, TAG_ATTENTION,
                                          TAG_QK_NORM, TAG_SMOOTHING, TAG_TOKENS_PER_STEP,
                                          CellAxes, RunRecord)
-from experiments.compare_table import compare, format_table, matching_fpa
-from experiments.manifest import REPO_ROOT
+from experiments.compare.table import compare, format_table, matching_fpa
+from experiments.paths import REPO_ROOT
 
 TPS_BIG, TPS_SMALL = 2097152, 262144
 

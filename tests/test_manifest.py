@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.manifest import REPO_ROOT
-from experiments.manifest_errors import ManifestError
-from experiments.manifest_plan import plan_manifest
+from experiments.grid.errors import ManifestError
+from experiments.grid.plan import plan_manifest
+from experiments.paths import REPO_ROOT
 
 PYTHON = sys.executable
 SMOKE_BASE = {
@@ -91,8 +91,8 @@ def test_non_training_manifests_expand_to_trace_commands():
 
 
 def test_every_shipped_manifest_and_node_profile_loads():
-    from experiments.manifest import MANIFESTS_DIR
-    from experiments.manifest_nodes import available_nodes, load_node_profile
+    from experiments.paths import MANIFESTS_DIR
+    from experiments.grid.nodes import available_nodes, load_node_profile
 
     assert set(available_nodes()) >= {"b200", "rtx4090", "h100", "h200", "cpu"}
     assert load_node_profile("b200").bf16_peak_tflops == 2250

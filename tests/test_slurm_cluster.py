@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.manifest import REPO_ROOT
+from experiments.paths import REPO_ROOT
 
 CLUSTER_SCRIPT = REPO_ROOT / "scripts" / "slurm_cluster.sh"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
@@ -224,18 +224,6 @@ def test_usr1_checkpoints_requeues_and_resumes(tmp_path, profile):
     assert ledger_jobs(tmp_path) == {"resumable": job_id}   # one job, one ledger entry
 
 
-def trainer_resume_missing() -> str | None:
-    from experiments.manifest_trainer import RESUME_ARGS, accepts, resume_supported
-
-    if not resume_supported():
-        return (f"launcher.train has no `{' '.join(RESUME_ARGS)}` yet (issue 5: checkpoint on "
-                "SIGUSR1 and resume, reusing the MLflow run id)")
-    if not accepts("checkpoint_dir"):
-        return "the run config has no checkpoint directory key yet (issue 5)"
-    return None
-
-
-@pytest.mark.skipif(trainer_resume_missing() is not None, reason=str(trainer_resume_missing()))
 def test_the_trainer_checkpoints_on_usr1_requeues_and_resumes_into_one_mlflow_run(tmp_path, profile):
     manifest = write_manifest(tmp_path, {
         "name": "requeue", "node": "cpu", "base_config": "experiments/configs/cpu-tiny.yaml",

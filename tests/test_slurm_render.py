@@ -9,19 +9,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.manifest import REPO_ROOT
-from experiments.manifest_errors import ManifestError
-from experiments.manifest_plan import plan_manifest
+from experiments.grid.errors import ManifestError
+from experiments.grid.plan import plan_manifest
+from experiments.paths import REPO_ROOT
 from slurm.examples import render_examples
 from slurm.ledger import Entry, blocking_reason
 from slurm.profile import UserProfile, load_user_profile
 from slurm.render import EXIT_FILE, JobContext, render_array_script, render_run_script
 
 
-def context(resumes: bool = True) -> JobContext:
+def context() -> JobContext:
     return JobContext(python="/venv/bin/python", workdir=Path("/repo"),
                       tracking_uri="http://mlflow:5000", parent_run_id="abc123",
-                      trainer_resumes=resumes, submit_command="python -m slurm submit main")
+                      submit_command="python -m slurm submit main")
 
 
 def sbatch_options(script: str) -> list[str]:
@@ -62,12 +62,12 @@ def test_main_on_b200_requests_one_node_of_8_gpus_and_requeues_on_usr1(tmp_path)
     bash_syntax_ok(script, tmp_path)
 
 
-def test_without_trainer_resume_there_is_no_requeue(tmp_path):
-    plan = plan_manifest("main", node="b200", runs_dir=tmp_path, check_paths=False)
-    script = render_run_script(plan, plan.runs[0], UserProfile(), context(resumes=False))
+def test_a_command_that_does_not_resume_is_not_requeued(tmp_path):
+    plan = plan_manifest("sigma-sweep", node="b200", runs_dir=tmp_path, check_paths=False)
+    script = render_run_script(plan, plan.runs[0], UserProfile(), context())
     assert "--no-requeue" in sbatch_options(script)
     assert "USR1" not in "\n".join(sbatch_options(script)) and "scontrol requeue" not in script
-    assert "RUN_ARGS" in script and "--resume auto\n)" not in script and "issue 5" in script
+    assert "RUN_ARGS" in script and "--resume auto" not in script
     bash_syntax_ok(script, tmp_path)
 
 

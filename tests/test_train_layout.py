@@ -87,7 +87,7 @@ def test_resume_auto_without_a_dir_or_with_a_bad_marker(tmp_path):
 
 
 def test_flops_per_token_matches_the_planner_and_mfu_is_a_fraction():
-    from experiments.manifest_cost import train_flops_per_token as planned
+    from launcher.flops import flops_per_token as planned
 
     m = config().model
     assert train_flops_per_token(m) == planned(hidden=m.hidden_size, layers=m.num_layers,

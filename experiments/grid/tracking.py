@@ -8,14 +8,9 @@ store once, instead of letting parallel jobs race to initialise a sqlite file.
 """
 from __future__ import annotations
 
-from experiments.manifest_plan import Plan, RunSpec
+from experiments.grid.plan import Plan, RunSpec
+from launcher.job_env import ENV_GRID, ENV_NODE, ENV_PARENT_RUN_ID, ENV_RUN_DIR, ENV_RUN_NAME
 
-# Environment the jobs see; the names live here only.
-ENV_GRID = "SAGEBWD_GRID"                 # manifest name, e.g. "main"
-ENV_NODE = "SAGEBWD_NODE"                 # node profile, e.g. "b200"
-ENV_PARENT_RUN_ID = "SAGEBWD_PARENT_RUN_ID"
-ENV_RUN_NAME = "SAGEBWD_RUN_NAME"
-ENV_RUN_DIR = "SAGEBWD_RUN_DIR"           # checkpoints and logs of this run
 GRID_TAG = "sagebwd.grid"                 # on the parent run: "<manifest>@<node>"
 ROLE_TAG = "sagebwd.role"
 

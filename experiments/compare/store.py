@@ -2,7 +2,7 @@
 report back, and say where to look in the MLflow UI.
 
 A grid is one parent run (tag sagebwd.grid = "<manifest>@<node>", made by
-experiments.manifest_tracking) with each cell a child run (tag mlflow.parentRunId), which
+experiments.grid.tracking) with each cell a child run (tag mlflow.parentRunId), which
 the MLflow UI shows nested under the parent. Runs without a parent (the demo) are
 compared as they are; their report goes on a "comparison" run of their own.
 """
@@ -17,20 +17,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from experiments.compare_records import (METRIC_EVAL_LOSS, METRIC_LOSS, METRIC_MFU,
+from experiments.compare.records import (METRIC_EVAL_LOSS, METRIC_LOSS, METRIC_MFU,
                                          METRIC_TOKENS_PER_S, PARAM_TOKENS_PER_STEP,
                                          PARAM_TOTAL_STEPS, PENDING, TAG_ATTENTION,
                                          TAG_DIVERGED_AT, TAG_QK_NORM, TAG_SMOOTHING,
                                          TAG_TOKENS_PER_STEP, TAG_TPS, CellAxes, Curve, RunRecord)
-from experiments.manifest_tracking import GRID_TAG, ROLE_TAG
+from experiments.grid.tracking import GRID_TAG, ROLE_TAG
+from launcher.tracking import PARENT_RUN_TAG as PARENT_TAG   # MLflow's own nesting tag
 
 if TYPE_CHECKING:
     from mlflow.entities import Experiment, Run
     from mlflow.tracking import MlflowClient
 
-    from experiments.manifest_plan import Plan, RunSpec
+    from experiments.grid.plan import Plan, RunSpec
 
-PARENT_TAG = "mlflow.parentRunId"   # MLflow's own nesting tag
 GRID_ROLE = "grid"                  # ROLE_TAG value on a grid's parent (manifest_tracking)
 COMPARISON_ROLE = "comparison"      # ROLE_TAG value on a run that only holds a report
 COMPARED_RUNS_TAG = "sagebwd.compared_runs"   # a hash of the compared run ids
@@ -231,7 +231,7 @@ def _plan_axes(spec: "RunSpec") -> CellAxes:
 
 def select_grid(client: "MlflowClient", tracking_uri: str, plan: "Plan") -> Selection:
     """Every cell of a manifest's grid: its newest child run of the grid's parent, or pending."""
-    from experiments.manifest_tracking import grid_id
+    from experiments.grid.tracking import grid_id
 
     grid = grid_id(plan)
     if plan.manifest.kind != "train" or not plan.experiment:
@@ -319,8 +319,19 @@ def ui_instructions(tracking_uri: str, experiment_id: str, report_run_id: str | 
     if report_run_id:
         lines.append(f"This report: {base}/#/experiments/{experiment_id}/runs/{report_run_id}"
                      f"/artifacts/{ARTIFACT_DIR}/report.md")
-    if len(run_ids) > 1:
-        lines.append(f"MLflow's own chart comparison: {base}/#/compare-runs?runs="
-                     f"{quote(json.dumps(run_ids, separators=COMPACT))}"
-                     f"&experiments={quote(json.dumps([experiment_id], separators=COMPACT))}")
+    if run_ids:
+        lines.append(f"Loss curves of these runs in MLflow: {base}/#/"
+                     + metric_plot_route(run_ids, experiment_id, [METRIC_LOSS, METRIC_EVAL_LOSS]))
     return lines
+
+
+def metric_plot_route(run_ids: list[str], experiment_id: str, keys: list[str]) -> str:
+    """MLflow's metric plot page for these runs, with the query its UI builds itself
+    (Routes.getMetricPageRoute of MLflow 3's UI: the 'Plot chart' link of a run comparison)."""
+    def arg(value) -> str:
+        return quote(json.dumps(value, separators=COMPACT))
+
+    return (f"metric?runs={arg(run_ids)}&metric={arg(keys[0])}&experiments={arg([experiment_id])}"
+            f"&plot_metric_keys={arg(keys)}&plot_layout={arg({})}&x_axis=step"
+            f"&y_axis_scale=linear&line_smoothness=1&show_point=false"
+            f"&deselected_curves={arg([])}&last_linear_y_axis_range={arg([])}")

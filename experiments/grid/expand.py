@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.manifest_errors import ManifestError
-from experiments.manifest_plan import plan_manifest
-from experiments.manifest_table import format_table, plan_as_json
+from experiments.grid.errors import ManifestError
+from experiments.grid.plan import plan_manifest
+from experiments.grid.table import format_table, plan_as_json
 
 
 def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:

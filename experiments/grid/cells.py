@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.manifest import CommandManifest, TrainManifest
+from experiments.grid.manifest import CommandManifest, TrainManifest
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,19 @@
 """Node profiles: what one node of a given type offers (experiments/nodes/<name>.yaml).
 
-A profile is hardware data only (GPUs, memory, peak throughput) plus the per-node training
-defaults that follow from it (micro-batch, ZeRO stage). Cluster specifics (partition,
+A profile is hardware data only (GPUs, memory; the GPU's peak comes from launcher.flops)
+plus the per-node training defaults that follow from it (micro-batch, ZeRO stage). Cluster specifics (partition,
 account) belong to the user's Slurm profile, not here.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from experiments.manifest_errors import ManifestError, read_yaml_mapping, validation_error
-
-NODES_DIR = Path(__file__).resolve().parent / "nodes"
+from experiments.grid.errors import ManifestError, read_yaml_mapping, validation_error
+from experiments.paths import NODES_DIR
+from launcher.flops import BF16_DENSE_PEAK_TFLOPS, gpu_peak_tflops
 
 
 class NodeProfile(BaseModel):
@@ -26,10 +26,25 @@ class NodeProfile(BaseModel):
     # Trainer processes per node; defaults to one per GPU (and must be given for CPU nodes).
     processes_per_node: int | None = Field(None, gt=0)
     gpu_memory_gib: float = Field(ge=0)
-    bf16_peak_tflops: float | None = Field(None, gt=0, description="dense, per GPU")
+    # The GPU model, a name of launcher.flops' peak table ("H100"); it sets bf16_peak_tflops.
+    gpu: str | None = None
+    bf16_peak_tflops: float | None = Field(None, gt=0, description="dense, per GPU; default: "
+                                           "the table's entry for `gpu`")
     cpus_per_node: int | None = Field(None, gt=0, description="CPU cores the job asks for")
     default_micro_batch: int = Field(gt=0, description="sequences per rank per forward")
     zero_stage: int = Field(ge=0, le=3)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _peak_of_the_gpu(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and raw.get("gpu") and raw.get("bf16_peak_tflops") is None:
+            peak = gpu_peak_tflops(str(raw["gpu"]))
+            if peak is None:
+                raise ValueError(f"gpu: {raw['gpu']!r} is not in launcher.flops' peak table "
+                                 f"({', '.join(BF16_DENSE_PEAK_TFLOPS)}); set bf16_peak_tflops "
+                                 "(dense bf16 TFLOPS per GPU) or leave it out for no estimate")
+            raw = {**raw, "bf16_peak_tflops": peak}
+        return raw
 
     @model_validator(mode="after")
     def _check_accelerator(self) -> "NodeProfile":

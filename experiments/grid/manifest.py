@@ -18,12 +18,11 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError,
                       model_validator)
 
-from experiments.manifest_errors import (ManifestError, problems_error, read_yaml_mapping,
-                                         validation_error)
-from experiments.manifest_trainer import LAYOUT_OWNED_KEYS
+from experiments.grid.errors import (ManifestError, problems_error, read_yaml_mapping,
+                                     validation_error)
+from experiments.grid.trainer import LAYOUT_OWNED_KEYS
+from experiments.paths import MANIFESTS_DIR, REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MANIFESTS_DIR = Path(__file__).resolve().parent / "manifests"
 
 # Names and labels end up in run names, Slurm job names and directory names.
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=48)]

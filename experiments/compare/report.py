@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.compare_table import CellRow, column_notes, format_table
+from experiments.compare.table import CellRow, column_notes, format_table
 
 MATCH_RULE = ("Matching FPA cell: same TPS and variant; QK-norm and smoothing only apply to "
               "SageBwd, so they do not take part (with several FPA cells at one TPS, the one "

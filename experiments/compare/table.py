@@ -11,7 +11,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from experiments.compare_records import PENDING, Curve, RunRecord
+from experiments.compare.records import PENDING, Curve, RunRecord
 
 SMOOTHING_ORDER = {"none": 0, "k": 1, "qk": 2}
 NO_VALUE = "—"

@@ -15,17 +15,19 @@ from typing import Any
 
 import yaml
 
-from experiments.grid import TrainCell, command_cells, train_cells, train_run_name
-from experiments.manifest import (REPO_ROOT, CommandManifest, Manifest, TrainManifest, load_manifest,
-                                  repo_path)
-from experiments.manifest_cost import estimated_hours, train_flops_per_token
-from experiments.manifest_errors import ManifestError, describe_error, problems_error
-from experiments.manifest_layout import Layout, LayoutError, plan_layout
-from experiments.manifest_nodes import NodeProfile, load_node_profile
-from experiments.manifest_trainer import TRAINER_KEYS, accepts, format_override, trainer_argv
+from experiments.grid.cells import TrainCell, command_cells, train_cells, train_run_name
+from experiments.grid.cost import estimated_hours
+from experiments.grid.errors import ManifestError, describe_error, problems_error
+from experiments.grid.layout import PlanError, PlannedLayout, plan_layout
+from experiments.grid.manifest import (CommandManifest, Manifest, TrainManifest, load_manifest,
+                                       repo_path)
+from experiments.grid.nodes import NodeProfile, load_node_profile
+from experiments.grid.trainer import TRAINER_KEYS, format_override, trainer_argv
+from experiments.paths import RUNS_DIR
+from launcher.flops import train_flops_per_token
 
 PYTHON = "{python}"   # argv[0] of every run; each executor substitutes its interpreter
-DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
+DEFAULT_RUNS_DIR = RUNS_DIR
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class RunSpec:
     nodes: int = 1
     procs_per_node: int = 1          # trainer processes per node (1 for commands)
     gpus_per_node: int = 0           # GPUs the job asks for on each node
-    layout: Layout | None = None     # train runs only
+    layout: PlannedLayout | None = None   # train runs only
     base_config: str | None = None   # train runs: launcher.config.load_run_config(base_config,
     overrides: tuple[str, ...] = ()  #   list(overrides)) rebuilds the run's config in process
     steps: int | None = None
@@ -111,7 +113,6 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
 
     base_raw = yaml.safe_load(repo_path(manifest.base_config).read_text()) or {}
     problems: list[tuple[str, str]] = []
-    notes = set()
     for cell in train_cells(manifest):
         where = f"grid[{cell.block}]"
         free = {**manifest.overrides, **dict(cell.variant_overrides), **_model_axes(cell)}
@@ -132,7 +133,7 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
         try:
             layout = plan_layout(cell.tps, point, seq_len=model.seq_len, num_heads=model.num_heads,
                                  parallel=manifest.parallel, node=plan.node)
-        except LayoutError as err:
+        except PlanError as err:
             problems.append((err.key, str(err)))
             continue
         run_dir = plan.grid_dir / name
@@ -140,17 +141,8 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
                  "steps": point.steps, "warmup_steps": point.warmup_steps, "run_name": name}
         if manifest.experiment:
             owned["experiment"] = manifest.experiment
-        planned = {"tps": point.tokens, "sp": layout.sp, "zero_stage": layout.zero_stage,
-                   "checkpoint_dir": str(run_dir / "checkpoints"), "tps_label": cell.tps}
-        for concept, value in planned.items():
-            if accepts(concept):
-                owned[concept] = value
-            elif concept == "sp" and value != 1:
-                problems.append(("parallel.sp", f"sp={value}, but the trainer has no "
-                                 f"{TRAINER_KEYS['sp']} yet (issue 5: DP x SP world); use sp: 1"))
-            elif concept in ("zero_stage", "checkpoint_dir"):
-                notes.add(f"{concept} is not passed: the trainer has no {TRAINER_KEYS[concept]} "
-                          "yet (issue 5)")
+        owned |= {"tps": point.tokens, "sp": layout.sp, "zero_stage": layout.zero_stage,
+                  "checkpoint_dir": str(run_dir / "checkpoints"), "tps_label": cell.tps}
         sets += [format_override(TRAINER_KEYS[k], v) for k, v in owned.items()]
         try:
             config = build_run_config(apply_overrides(base_raw, sets), source=name)
@@ -160,9 +152,7 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
         if check_paths:
             problems += _data_path_problems(config.data.path, cell, manifest)
         m = config.model
-        flops = train_flops_per_token(hidden=m.hidden_size, layers=m.num_layers,
-                                      ffn=m.ffn_hidden_size, vocab=m.padded_vocab_size,
-                                      seq_len=m.seq_len)
+        flops = train_flops_per_token(m)
         gpus = layout.world if plan.node.accelerator == "gpu" else 0
         axes = {"tps": cell.tps, "attention": m.attention, "qk_norm": str(m.qk_norm).lower(),
                 "smoothing": m.smoothing}
@@ -178,7 +168,6 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
             tps=point.tokens,
             est_hours=estimated_hours(point.steps * point.tokens, flops, gpus,
                                       plan.node.bf16_peak_tflops)))
-    plan.notes = sorted(notes)
     return problems
 
 

@@ -2,16 +2,11 @@
 the command line that starts one training run.
 
 Every trainer key the manifest layer writes is named in TRAINER_KEYS, so when the trainer
-renames or adds a field the change is one line here. Keys marked planned are not in the
-run config yet (issue 5: DP x SP world, ZeRO, checkpoints); they are passed as soon as
-launcher.config accepts them, found by reading the config's own schema.
+renames or adds a field the change is one line here; the plan validates every cell's keys
+with launcher.config's own schema.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
-import io
-import typing
 from typing import Any
 
 import yaml
@@ -29,14 +24,13 @@ TRAINER_KEYS: dict[str, str] = {
     "warmup_steps": "schedule.warmup_steps",
     "run_name": "tracking.run_name",
     "experiment": "tracking.experiment",
-    # DP x SP, checkpoint and tag keys (issue 5): passed only where launcher.config accepts them
     "tps": "train.tokens_per_step",
     "sp": "parallel.sp",
     "zero_stage": "parallel.zero_stage",
     "checkpoint_dir": "checkpoint.dir",
     "tps_label": "tracking.tps_label",   # the manifest's TPS name (e.g. 2.1m), as the MLflow tag
 }
-# The trainer flag that resumes from the newest checkpoint in checkpoint_dir (issue 5).
+# The trainer flag that resumes from the newest checkpoint in checkpoint_dir.
 RESUME_ARGS = ("--resume", "auto")
 
 # Keys the grid axes and the TPS layout own; a free override of one would break the
@@ -50,44 +44,6 @@ LAYOUT_OWNED_KEYS: dict[str, str] = {
         "sp": "parallel.sp", "zero_stage": "parallel.zero_stage or the node",
         "checkpoint_dir": "the run directory",
     }.items()}
-
-
-def _schema_keys(model: Any, prefix: str = "") -> set[str]:
-    """Dotted keys of a pydantic model, descending into sections (also `Section | None`)."""
-    from pydantic import BaseModel
-
-    keys = set()
-    for name, field in model.model_fields.items():
-        keys.add(prefix + name)
-        for candidate in (field.annotation, *typing.get_args(field.annotation)):
-            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                keys |= _schema_keys(candidate, f"{prefix}{name}.")
-    return keys
-
-
-@functools.cache
-def accepted_keys() -> frozenset[str]:
-    """Every dotted key the trainer's RunConfig has (imports torch via the model package)."""
-    from launcher.config import RunConfig
-
-    return frozenset(_schema_keys(RunConfig))
-
-
-def accepts(concept: str) -> bool:
-    return TRAINER_KEYS[concept] in accepted_keys()
-
-
-@functools.cache
-def resume_supported() -> bool:
-    """Whether `launcher.train` takes RESUME_ARGS (checkpoint + resume landed)."""
-    from launcher.train import parse_args
-
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            parse_args(["--config", "x.yaml", *RESUME_ARGS])
-    except SystemExit:
-        return False
-    return True
 
 
 def format_override(key: str, value: Any) -> str:

@@ -1,13 +1,13 @@
 """What the comparison reads about one grid cell: its axes, state and metric curves.
 
-A RunRecord is plain data, filled from MLflow by experiments.compare_mlflow (or built by
-hand in tests), so the arithmetic in experiments.compare_table never touches MLflow.
+A RunRecord is plain data, filled from MLflow by experiments.compare.store (or built by
+hand in tests), so the arithmetic in experiments.compare.table never touches MLflow.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from experiments.manifest_table import human_count
+from experiments.grid.table import human_count
 
 # The trainer's tag and metric names (launcher.train.grid_tags and its step metrics).
 # tests/test_compare_table.py checks these against the trainer, so a rename there fails

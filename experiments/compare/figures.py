@@ -19,9 +19,9 @@ matplotlib.use("Agg")  # files only; no display on CI or servers
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from experiments.compare_records import FINISHED, PENDING, Curve, RunRecord  # noqa: E402
-from experiments.compare_table import CellRow  # noqa: E402
-from experiments.manifest_table import human_count  # noqa: E402
+from experiments.compare.records import FINISHED, PENDING, Curve, RunRecord  # noqa: E402
+from experiments.compare.table import CellRow  # noqa: E402
+from experiments.grid.table import human_count  # noqa: E402
 
 EMA_WINDOW = 0.02   # of the panel's longest run, in steps
 MAX_POINTS = 2000   # per drawn curve: enough for a 12-inch PNG, fast for 300k-step runs
@@ -57,11 +57,13 @@ def _smoothing_label(r: RunRecord) -> str:
 
 
 def _full_label(r: RunRecord) -> str:
+    """Every setting the run logged: 'FPA, QK-norm' against 'SageBwd, QK-norm, K-smoothing'."""
+    qk = {True: "QK-norm", False: "no QK-norm"}.get(r.axes.qk_norm)
     if r.axes.attention == "fpa":
-        return _with_variant(_fpa_label(r), r)
-    qk = "QK-norm" if r.axes.qk_norm else "no QK-norm"
-    smoothing = SMOOTHING_NAMES.get(r.axes.smoothing, r.axes.smoothing)
-    return _with_variant(f"SageBwd, {qk}, {smoothing}", r)
+        parts = ["FPA", qk]
+    else:
+        parts = ["SageBwd", qk, SMOOTHING_NAMES.get(r.axes.smoothing, r.axes.smoothing)]
+    return _with_variant(", ".join(part for part in parts if part), r)
 
 
 QK_NORM_VIEW = FigureView(

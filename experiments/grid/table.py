@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from experiments.manifest_cost import ASSUMED_MFU
-from experiments.manifest_plan import Plan, RunSpec
+from experiments.grid.cost import ASSUMED_MFU
+from experiments.grid.plan import Plan, RunSpec
 
 
 def human_count(n: int) -> str:

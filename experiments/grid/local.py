@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from experiments.manifest import REPO_ROOT
-from experiments.manifest_plan import PYTHON, Plan, RunSpec
-from experiments.manifest_tracking import ensure_parent_run, job_environment, resolve_tracking_uri
+from experiments.grid.plan import PYTHON, Plan, RunSpec
+from experiments.grid.tracking import ensure_parent_run, job_environment, resolve_tracking_uri
+from experiments.paths import REPO_ROOT
 
 
 class LocalRunError(RuntimeError):

@@ -6,11 +6,14 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 
-from experiments.manifest_errors import ManifestError
-from experiments.manifest_expand import add_manifest_arguments
-from experiments.manifest_plan import plan_manifest
+from experiments.grid.errors import ManifestError
+from experiments.grid.expand import add_manifest_arguments
+from experiments.grid.plan import plan_manifest
+from experiments.paths import REPO_ROOT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,14 +25,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local: carry on after a failed run")
 
 
+def hand_to_slurm(args: argparse.Namespace) -> int:
+    """`--executor slurm` is `python -m slurm submit MANIFEST [--node N] [--only P]`, run as
+    that command: slurm/ sits above this package and is reached only through its CLI."""
+    argv = [sys.executable, "-m", "slurm", "submit", args.manifest]
+    for flag in ("node", "only"):
+        if getattr(args, flag):
+            argv += [f"--{flag}", getattr(args, flag)]
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.call(argv, env={**os.environ, "PYTHONPATH": path})
+
+
 def main(args: argparse.Namespace) -> int:
     if args.executor == "slurm":
-        from slurm.submit import main as submit
-
-        return submit(argparse.Namespace(**vars(args), dry_run=False, out=None, array=False,
-                                         profile=None, force=False))
-    from experiments.manifest_local import LocalRunError, run_local
-    from experiments.manifest_table import format_table
+        return hand_to_slurm(args)
+    from experiments.grid.local import LocalRunError, run_local
+    from experiments.grid.table import format_table
 
     try:
         plan = plan_manifest(args.manifest, node=args.node, only=args.only,

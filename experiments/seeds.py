@@ -31,6 +31,7 @@ VARIANTS = {
     "sagebwd-k": ["model.attention=sagebwd", "model.smoothing=k"],
     "sagebwd-none": ["model.attention=sagebwd", "model.smoothing=none"],
     "sagebwd-qk": ["model.attention=sagebwd", "model.smoothing=qk"],
+    "sagebwd-k-token": ["model.attention=sagebwd", "model.smoothing=k", "model.quant=token"],
 }
 STUDY_TAG = "seed_study"
 

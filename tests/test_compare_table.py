@@ -168,3 +168,15 @@ def test_tag_names_match_the_trainer():
     assert names <= set(grid_tags(config))
     assert grid_tags(config)[TAG_QK_NORM] == "true"
     assert PARAM_TOTAL_STEPS in flatten(config.to_dict())
+
+
+def test_the_token_contract_is_its_own_cell_matched_to_the_same_fpa():
+    from dataclasses import replace
+    token = record("big-sage-token", replace(axes(), quant="token"), loss=line(4.125, -0.125, range(1, 17)))
+    block = record("big-sage", replace(axes(), quant="block"), loss=line(4.25, -0.125, range(1, 17)))
+    fpa = record("big-fpa", axes("fpa"), loss=line(4.0, -0.125, range(1, 17)))
+    rows = {row.record.name: row for row in compare([token, fpa, block], last_k=4)}
+    assert list(rows) == ["big-fpa", "big-sage", "big-sage-token"]
+    assert rows["big-sage-token"].baseline is fpa and rows["big-sage-token"].gap == 0.125
+    text = format_table(list(rows.values()))
+    assert "| SageBwd token |" in text and "| SageBwd |" in text

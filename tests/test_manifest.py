@@ -79,6 +79,17 @@ def test_ablation_covers_none_k_qk_at_both_tps():
     assert len(names) == 8
 
 
+def test_quant_is_a_grid_axis():
+    runs = {r.name: r for r in plan_manifest("quant-contracts", check_paths=False).runs}
+    for tps in ("2.1m", "260k"):
+        block, token = runs[f"quant-contracts-tps{tps}-sagebwd-qknorm-k"], \
+            runs[f"quant-contracts-tps{tps}-sagebwd-qknorm-k-token"]
+        assert "model.quant=token" in token.argv and "model.quant=block" in block.argv
+        assert (block.axes["quant"], token.axes["quant"]) == ("block", "token")
+        assert "quant" not in runs[f"quant-contracts-tps{tps}-fpa-qknorm"].axes
+    assert len(runs) == 6
+
+
 def test_non_training_manifests_expand_to_trace_commands():
     sigma = plan_manifest("sigma-sweep", check_paths=False)
     assert [r.name for r in sigma.runs] == ["sigma-sweep-seq1024-causal", "sigma-sweep-seq1024-full",
@@ -115,6 +126,11 @@ def test_unknown_keys_are_named(tmp_path):
     assert "gird: unknown key" in message
     message = manifest_error(tmp_path, {**SMOKE_BASE, "grid": [{"attention": ["fpa"], "qknorm": [True]}]})
     assert "grid[0].qknorm: unknown key" in message
+
+
+def test_an_unknown_quant_contract_is_named(tmp_path):
+    raw = {**SMOKE_BASE, "grid": [{"attention": ["sagebwd"], "quant": ["int4"]}]}
+    assert "grid[0].quant[0]" in manifest_error(tmp_path, raw)
 
 
 def test_wrong_types_are_named(tmp_path):

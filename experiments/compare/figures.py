@@ -47,13 +47,13 @@ def _with_variant(label: str, r: RunRecord) -> str:
 def _qk_norm_label(r: RunRecord) -> str:
     if r.axes.attention == "fpa":
         return _with_variant(_fpa_label(r), r)
-    return _with_variant("SageBwd + QK-norm" if r.axes.qk_norm else "SageBwd w/o QK-norm", r)
+    return _with_variant(f"{r.axes.sage_label} + QK-norm" if r.axes.qk_norm else f"{r.axes.sage_label} w/o QK-norm", r)
 
 
 def _smoothing_label(r: RunRecord) -> str:
     if r.axes.attention == "fpa":
         return _with_variant(_fpa_label(r), r)
-    return _with_variant(f"SageBwd, {SMOOTHING_NAMES.get(r.axes.smoothing, r.axes.smoothing)}", r)
+    return _with_variant(f"{r.axes.sage_label}, {SMOOTHING_NAMES.get(r.axes.smoothing, r.axes.smoothing)}", r)
 
 
 def _full_label(r: RunRecord) -> str:
@@ -62,7 +62,7 @@ def _full_label(r: RunRecord) -> str:
     if r.axes.attention == "fpa":
         parts = ["FPA", qk]
     else:
-        parts = ["SageBwd", qk, SMOOTHING_NAMES.get(r.axes.smoothing, r.axes.smoothing)]
+        parts = [r.axes.sage_label, qk, SMOOTHING_NAMES.get(r.axes.smoothing, r.axes.smoothing)]
     return _with_variant(", ".join(part for part in parts if part), r)
 
 

@@ -15,6 +15,7 @@ from experiments.grid.table import human_count
 TAG_ATTENTION = "attention"
 TAG_QK_NORM = "qk_norm"
 TAG_SMOOTHING = "smoothing"
+TAG_QUANT = "quant"               # SageBwd's quantisation contract ("none" for FPA)
 TAG_TOKENS_PER_STEP = "tokens_per_step"
 TAG_TPS = "tps"                   # the manifest's TPS label ("2.1m"), once the trainer sets it
 TAG_DIVERGED_AT = "diverged_at_step"
@@ -43,6 +44,12 @@ class CellAxes:
     tokens_per_step: int | None
     tps_label: str | None = None     # the manifest's label ("2.1m"); None: from tokens_per_step
     variant: str | None = None       # the manifest's free overrides axis
+    quant: str | None = None         # SageBwd's quantisation contract: "block" | "token"
+
+    @property
+    def sage_label(self) -> str:
+        """'SageBwd', or 'SageBwd token' for a contract other than the paper's."""
+        return "SageBwd" if self.quant in (None, "block", "none") else f"SageBwd {self.quant}"
 
     @property
     def tps(self) -> str:

@@ -21,7 +21,7 @@ from experiments.compare.records import (METRIC_EVAL_LOSS, METRIC_LOSS, METRIC_M
                                          METRIC_TOKENS_PER_S, PARAM_TOKENS_PER_STEP,
                                          PARAM_TOTAL_STEPS, PENDING, TAG_ATTENTION,
                                          TAG_DIVERGED_AT, TAG_QK_NORM, TAG_SMOOTHING,
-                                         TAG_TOKENS_PER_STEP, TAG_TPS, CellAxes, Curve, RunRecord)
+                                         TAG_QUANT, TAG_TOKENS_PER_STEP, TAG_TPS, CellAxes, Curve, RunRecord)
 from experiments.grid.tracking import GRID_TAG, ROLE_TAG
 from launcher.tracking import PARENT_RUN_TAG as PARENT_TAG   # MLflow's own nesting tag
 
@@ -127,7 +127,7 @@ def axes_from_run(run: "Run") -> CellAxes:
         smoothing=tags.get(TAG_SMOOTHING) or params.get("model.smoothing"),
         tokens_per_step=_int_or_none(tags.get(TAG_TOKENS_PER_STEP)
                                      or params.get(PARAM_TOKENS_PER_STEP)),
-        tps_label=tags.get(TAG_TPS))
+        tps_label=tags.get(TAG_TPS), quant=tags.get(TAG_QUANT) or params.get("model.quant"))
 
 
 def metric_curve(client: "MlflowClient", run: "Run", key: str) -> Curve:
@@ -226,7 +226,8 @@ def _plan_axes(spec: "RunSpec") -> CellAxes:
     return CellAxes(attention=spec.axes["attention"],
                     qk_norm=_bool_or_none(spec.axes.get("qk_norm")),
                     smoothing=spec.axes.get("smoothing"), tokens_per_step=spec.tps,
-                    tps_label=spec.axes.get("tps"), variant=spec.axes.get("variant"))
+                    tps_label=spec.axes.get("tps"), variant=spec.axes.get("variant"),
+                    quant=spec.axes.get("quant"))
 
 
 def select_grid(client: "MlflowClient", tracking_uri: str, plan: "Plan") -> Selection:

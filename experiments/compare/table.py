@@ -34,7 +34,7 @@ def cell_order(record: RunRecord) -> tuple:
     """Large TPS first (as in the paper's figures), FPA first, then QK-norm on, smoothing."""
     a = record.axes
     return (-(a.tokens_per_step or 0), a.tps, a.variant or "", a.attention != "fpa",
-            a.qk_norm is False, SMOOTHING_ORDER.get(a.smoothing or "", 9), record.name)
+            a.qk_norm is False, SMOOTHING_ORDER.get(a.smoothing or "", 9), a.sage_label, record.name)
 
 
 def matching_fpa(record: RunRecord, records: list[RunRecord]) -> RunRecord | None:
@@ -129,7 +129,7 @@ def row_cells(row: CellRow) -> list[str]:
     a = row.record.axes
     sage = a.attention == "sagebwd"
     qk_norm = NO_VALUE if a.qk_norm is None else ("on" if a.qk_norm else "off")
-    return [row.record.name, a.tps, "SageBwd" if sage else a.attention.upper(), qk_norm,
+    return [row.record.name, a.tps, a.sage_label if sage else a.attention.upper(), qk_norm,
             (a.smoothing or NO_VALUE) if sage else NO_VALUE, row.record.status.lower(),
             _steps(row), _number(row.final_loss, ".4f"), _number(row.best_eval_loss, ".4f"),
             _gap(row), _diverged(row), _number(row.tokens_per_s, ",.0f"),

@@ -25,26 +25,30 @@ class TrainCell:
     smoothing: str | None
     variant: str | None                 # label on the free overrides axis
     variant_overrides: tuple[tuple[str, Any], ...] = ()
+    quant: str | None = None
 
 
 def train_cells(manifest: TrainManifest) -> list[TrainCell]:
     cells = []
     for index, block in enumerate(manifest.grid):
         variants = list((block.overrides or {None: {}}).items())
-        for tps, attention, qk_norm, smoothing, (variant, extra) in itertools.product(
+        for tps, attention, qk_norm, smoothing, quant, (variant, extra) in itertools.product(
                 block.tps or list(manifest.tps), block.attention or [None],
-                block.qk_norm or [None], block.smoothing or [None], variants):
+                block.qk_norm or [None], block.smoothing or [None], block.quant or [None], variants):
             cells.append(TrainCell(index, tps, attention, qk_norm, smoothing, variant,
-                                   tuple(extra.items())))
+                                   tuple(extra.items()), quant))
     return cells
 
 
 def train_run_name(manifest: str, tps: str, attention: str, qk_norm: bool, smoothing: str,
-                   variant: str | None) -> str:
-    """Smoothing only preconditions INT8 quantisation, so FPA names leave it out."""
+                   variant: str | None, quant: str = "block") -> str:
+    """Smoothing and the quantisation contract only concern SageBwd, so FPA names leave them
+    out; the paper's contract ("block") is left out too, so its names are as they always were."""
     parts = [manifest, f"tps{tps}", attention, "qknorm" if qk_norm else "noqknorm"]
     if attention == "sagebwd":
         parts.append(smoothing)
+        if quant != "block":
+            parts.append(quant)
     if variant:
         parts.append(variant)
     return "-".join(parts)

@@ -67,6 +67,8 @@ class TrainGridBlock(Strict):
     attention: list[Literal["fpa", "sagebwd"]] | None = Field(None, min_length=1)
     qk_norm: list[bool] | None = Field(None, min_length=1)
     smoothing: list[Literal["none", "k", "qk"]] | None = Field(None, min_length=1)
+    # SageBwd's quantisation contract (model.quant): "block" (the paper's), "token"
+    quant: list[Literal["block", "token"]] | None = Field(None, min_length=1)
     # The free axis: label -> run-config overrides; the label joins the run name.
     overrides: dict[Label, dict[DottedKey, Any]] | None = Field(None, min_length=1)
 

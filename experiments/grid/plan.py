@@ -101,7 +101,8 @@ def plan_manifest(manifest: str | Path, *, node: str | None = None, only: str | 
 
 
 def _model_axes(cell: TrainCell) -> dict[str, Any]:
-    values = {"attention": cell.attention, "qk_norm": cell.qk_norm, "smoothing": cell.smoothing}
+    values = {"attention": cell.attention, "qk_norm": cell.qk_norm, "smoothing": cell.smoothing,
+              "quant": cell.quant}
     return {TRAINER_KEYS[k]: v for k, v in values.items() if v is not None}
 
 
@@ -128,7 +129,7 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
                          for key, message in map(describe_error, err.errors())]
             continue
         name = train_run_name(manifest.name, cell.tps, model.attention, model.qk_norm,
-                              model.smoothing, cell.variant)
+                              model.smoothing, cell.variant, model.quant)
         point = manifest.tps[cell.tps]
         try:
             layout = plan_layout(cell.tps, point, seq_len=model.seq_len, num_heads=model.num_heads,
@@ -156,6 +157,8 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
         gpus = layout.world if plan.node.accelerator == "gpu" else 0
         axes = {"tps": cell.tps, "attention": m.attention, "qk_norm": str(m.qk_norm).lower(),
                 "smoothing": m.smoothing}
+        if m.attention == "sagebwd":
+            axes["quant"] = m.quant
         if cell.variant:
             axes["variant"] = cell.variant
         plan.experiment = config.tracking.experiment

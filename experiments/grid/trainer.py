@@ -18,6 +18,7 @@ TRAINER_KEYS: dict[str, str] = {
     "attention": "model.attention",
     "qk_norm": "model.qk_norm",
     "smoothing": "model.smoothing",
+    "quant": "model.quant",
     "micro_batch": "train.micro_batch_size",
     "grad_accum": "train.grad_accum_steps",
     "steps": "train.steps",
@@ -38,7 +39,7 @@ RESUME_ARGS = ("--resume", "auto")
 LAYOUT_OWNED_KEYS: dict[str, str] = {
     TRAINER_KEYS[c]: source for c, source in {
         "attention": "the attention axis", "qk_norm": "the qk_norm axis",
-        "smoothing": "the smoothing axis", "micro_batch": "parallel.micro_batch or the node",
+        "smoothing": "the smoothing axis", "quant": "the quant axis", "micro_batch": "parallel.micro_batch or the node",
         "grad_accum": "the tps point and the node", "steps": "the tps point",
         "warmup_steps": "the tps point", "run_name": "the grid", "tps": "the tps point",
         "sp": "parallel.sp", "zero_stage": "parallel.zero_stage or the node",

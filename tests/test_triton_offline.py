@@ -63,6 +63,7 @@ def test_gluon_kernels_compile_with_the_tensor_cores_left_running():
                                           (["--arch", "80"], "Hopper"),
                                           (["--measured", "bench.json"], "goes with --loop-mix"),
                                           (["--kernels", "default,dq=dqq"], "dq has no kernel 'dqq'"),
+                                          (["--quant", "fp8"], "invalid choice: 'fp8'"),
                                           (["--loop-mix", "--measured", "/nonexistent/bench.json"],
                                            "/nonexistent/bench.json")])
 def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys):
@@ -70,6 +71,20 @@ def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys)
         offline.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_token_contract_loops_evaluate_one_exp_and_use_int8_wgmma():
+    """The token contract's Triton kernels (its only ones): one exp2 per score element in the
+    backward loops, no lane shuffles into the INT8 dots, and every INT8 product on wgmma."""
+    rows = offline.loop_mix_report((64,), quant="token")
+    by_kernel = {r["kernel"]: r for r in rows}
+    assert {"forward", "dq", "dkdv"} <= set(by_kernel) and all(r["quant"] == "token" for r in rows)
+    for name in ("dq", "dkdv"):
+        assert by_kernel[name]["by_opcode"]["MUFU.EX2"] == pytest.approx(1.0)
+        assert by_kernel[name]["by_opcode"].get("SHFL.IDX", 0.0) == 0.0
+    built = {r["kernel"]: r for r in offline.report((64,), seq=1024, quant="token")}
+    for name in ("forward", "dq", "dkdv"):
+        assert built[name]["wgmma_s8"] > 0 and built[name]["mma_sync"] == 0, built[name]
 
 
 @pytest.mark.parametrize("kernels", ["triton", "default,forward=gluon"], ids=["triton", "gluon"])

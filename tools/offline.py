@@ -126,17 +126,19 @@ def compile_launch(name, kernel, args, kwargs, arch: int = 90) -> dict:
             "constexprs": {k: v for k, v in kwargs.items() if k.isupper()}}
 
 
-def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64), kernels="default") -> list[dict]:
+def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64), kernels="default",
+           quant="block") -> list[dict]:
     rows = []
     for d in head_dims:
         seen = set()
         for name, kernel, args, kwargs in record_launches((1, 2, seq, d), block_q=blocks[0], block_kv=blocks[1],
-                                                          kernels=kernels):
+                                                          kernels=kernels, quant=quant):
             key = (name, tuple(sorted((k, str(v)) for k, v in kwargs.items())))
             if key in seen:   # e.g. the quantiser runs for Q, K and V with the same settings
                 continue
             seen.add(key)
-            rows.append({"head_dim": d, "blocks": list(blocks), **compile_launch(name, kernel, args, kwargs, arch)})
+            rows.append({"head_dim": d, "blocks": list(blocks), "quant": quant,
+                         **compile_launch(name, kernel, args, kwargs, arch)})
     return rows
 
 
@@ -144,15 +146,16 @@ LOOP_KERNELS = ("forward", "dq", "dkdv", "dv", "dk", "fused")
 BENCH_SHAPES = {64: (8, 16, 4096, 64), 128: (8, 8, 4096, 128)}   # the issue's causal targets
 
 
-def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), kernels="default") -> list[dict]:
+def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), kernels="default",
+                    quant="block") -> list[dict]:
     """Per head dim, the main-loop mix of forward, dQ and dK/dV (non-causal launches: the
     unmasked steady-state loop) with their floors at the benchmark shape, causal; and the causal
     build's spill loads and stores inside its loops (causal_loop_local_ops)."""
     from . import sass_mix
     rows = []
     for d in head_dims:
-        for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=False,
-                                                          block_q=blocks[0], block_kv=blocks[1], kernels=kernels):
+        for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=False, block_q=blocks[0],
+                                                          block_kv=blocks[1], kernels=kernels, quant=quant):
             if name not in LOOP_KERNELS or any(r["kernel"] == name and r["head_dim"] == d for r in rows):
                 continue
             compiled = compile_recorded(kernel, args, kwargs, arch)
@@ -160,12 +163,12 @@ def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), kerne
             mix = sass_mix.loop_mix(sass_mix.disassemble(compiled.asm["cubin"]), name, constexprs,
                                     kwargs.get("num_warps", 4))
             floors = sass_mix.floors_ms(name, mix["per_element"], BENCH_SHAPES[d], True, *blocks)
-            rows.append({"head_dim": d, "shape": list(BENCH_SHAPES[d]), "function": kernel.fn.__name__, **mix,
-                         **floors})
+            rows.append({"head_dim": d, "shape": list(BENCH_SHAPES[d]), "function": kernel.fn.__name__,
+                         "quant": quant, **mix, **floors})
         # The counts above are the unmasked loops; the targets are causal, whose builds differ
         # (a peeled or masked diagonal block): their spill traffic inside loops, checked apart.
-        for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=True,
-                                                          block_q=blocks[0], block_kv=blocks[1], kernels=kernels):
+        for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=True, block_q=blocks[0],
+                                                          block_kv=blocks[1], kernels=kernels, quant=quant):
             row = next((r for r in rows if r["kernel"] == name and r["head_dim"] == d), None)
             if row is None or "causal_loop_local_ops" in row:
                 continue
@@ -210,6 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default="default", metavar="CHOICE",
                     help="which kernels to build (sagebwd.triton.registry: default, triton, fused or PASS=NAME "
                          "items; python -m sagebwd.triton.registry lists them); default: what an H100/H200 runs")
+    ap.add_argument("--quant", choices=("block", "token"), default="block",
+                    help="the quantisation contract whose kernels to build (docs/sagebwd.md)")
     args = ap.parse_args(argv)
     from sagebwd.triton.registry import KernelChoiceError, parse
     try:
@@ -234,13 +239,13 @@ def main(argv=None) -> int:
                     measured = json.load(f)
             except (OSError, ValueError) as err:
                 ap.error(f"--measured {args.measured}: {err}")
-        rows = loop_mix_report(tuple(args.head_dim), args.arch, tuple(args.blocks), args.kernels)
+        rows = loop_mix_report(tuple(args.head_dim), args.arch, tuple(args.blocks), args.kernels, args.quant)
         print_loop_mix(rows, measured)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
         return 0
-    rows = report(tuple(args.head_dim), args.arch, blocks=tuple(args.blocks), kernels=args.kernels)
+    rows = report(tuple(args.head_dim), args.arch, blocks=tuple(args.blocks), kernels=args.kernels, quant=args.quant)
     print("| d | kernel | warps | stages | maxnreg | regs | spill bytes | shared KB | wgmma s8 | wgmma 16-bit | "
           "mma.sync | overlapped waits |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

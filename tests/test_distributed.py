@@ -157,6 +157,10 @@ def test_data_parallel_matches_one_process(dp2, reference):
     # the model under torch.compile, Ulysses' all-to-alls inside it (train.compile)
     ("sp2-zero0-compiled", 2, ["--set", "train.micro_batch_size=4", "--set", "parallel.sp=2",
                                "--set", "parallel.zero_stage=0", "--set", "train.compile=true"], False),
+    # the LM head and loss chunked inside the model (model.loss_impl), on each SP shard
+    ("sp2-zero1-chunked-loss", 2, ["--set", "train.micro_batch_size=4", "--set", "parallel.sp=2",
+                                   "--set", "model.loss_impl=chunked", "--set", "model.loss_chunk_tokens=96"],
+     False),
     ("dp2xsp2-zero2-slurm", 4, ["--set", "train.micro_batch_size=2", "--set", "parallel.sp=2",
                                 "--set", "parallel.zero_stage=2",
                                 "--set", "train.tokens_per_step=256"], True),

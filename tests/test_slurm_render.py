@@ -153,3 +153,15 @@ def test_dry_run_renders_without_the_data_and_submits_nothing(tmp_path):
     assert "a submit would stop here" in out.stderr and "data.path" in out.stderr
     assert len(list((tmp_path / "scripts").glob("*.sbatch"))) == 6
     assert not (tmp_path / "runs" / "slurm-ledger.jsonl").exists()
+
+
+def test_paper_small_dry_runs_on_one_h100(tmp_path):
+    """Issue 25's grid renders one single-GPU job per run (the data need not exist here)."""
+    out = subprocess.run([sys.executable, "-m", "slurm", "submit", "paper-small", "--node", "h100-1",
+                          "--dry-run", "--out", str(tmp_path / "scripts")],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    scripts = sorted((tmp_path / "scripts").glob("*.sbatch"))
+    assert len(scripts) == 21
+    text = (tmp_path / "scripts" / "paper-small-tps128k-sagebwd-noqknorm-k-s2.sbatch").read_text()
+    assert "--gpus-per-node=1" in text and "seed=2" in text and "model.qk_norm=false" in text

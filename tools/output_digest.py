@@ -33,8 +33,20 @@ def dump(path: str) -> None:
     print(f"dumped {len(out)} cases from {sagebwd.__file__} to {path}")
 
 
+def _load(path: str) -> dict:
+    try:
+        dumped = torch.load(path)
+    except FileNotFoundError:
+        sys.exit(f"error: {path}: no such file; write it with `python tools/output_digest.py dump {path}`")
+    if not isinstance(dumped, dict) or "outputs" not in dumped:
+        sys.exit(f"error: {path} is not a dump of tools/output_digest.py")
+    return dumped
+
+
 def compare(path_a: str, path_b: str) -> int:
-    a, b = torch.load(path_a), torch.load(path_b)
+    a, b = _load(path_a), _load(path_b)
+    if set(a["outputs"]) != set(b["outputs"]):
+        sys.exit(f"error: {path_a} and {path_b} hold different cases; dump both with the same tools/output_digest.py")
     same = True
     for case, outs in a["outputs"].items():
         equal = [bool(torch.equal(x, y)) for x, y in zip(outs, b["outputs"][case])]

@@ -135,14 +135,20 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or base.tracking.experiment
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    run_ids, uri, diverged, table = {}, None, [], ""
+    run_ids, uri, diverged, table, stopped = {}, None, [], "", False
     for i, ((variant, seed), config) in enumerate(configs.items(), start=1):
         print(f"\n=== run {i}/{len(configs)}: {variant}, seed {seed} ===", flush=True)
         result = train(config)
-        run_ids[(variant, seed)], uri = result.run_id, result.tracking_uri
+        uri = result.tracking_uri
+        if not result.stopped_by:   # a stopped run's last eval loss is not a final one
+            run_ids[(variant, seed)] = result.run_id
         MlflowClient(uri).set_tag(result.run_id, STUDY_TAG, name)
         if result.diverged_at:
             diverged.append(f"{variant} seed {seed} (step {result.diverged_at})")
+        if result.stopped_by:   # SIGTERM/SIGUSR1: the run checkpointed and stopped; so does the study
+            print(f"seed study stopped by {result.stopped_by} during {variant} seed {seed}; the table holds "
+                  "the runs that finished", file=sys.stderr)
+            stopped = True
         # Rewritten after every run, so a time limit still leaves the seeds that finished.
         rows = paired_gaps(final_eval_losses(uri, run_ids))
         table = markdown(rows)
@@ -151,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "seeds.json").write_text(json.dumps({"name": name, "config": args.config,
                                                     "overrides": args.overrides, "seeds": seeds,
                                                     "rows": rows}, indent=1))
+        if stopped:
+            return 1
     print(f"\n=== seed study {name!r}: final eval loss over {len(seeds)} seeds "
           f"(from MLflow, {uri}) ===\n{table}", flush=True)
     if diverged:

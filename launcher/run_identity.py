@@ -25,9 +25,12 @@ from launcher.overrides import ConfigError
 from launcher.tracking import flatten
 
 # Keys a resumed run may change: they do not change the weights' trajectory up to the
-# checkpoint (train.steps extends or shortens the cosine schedule from here on).
+# checkpoint (train.steps extends or shortens the cosine schedule from here on), or change only
+# how the same model is computed (compilation, the kernel choice, the loss's chunking: the same
+# function to rounding).
 SAFE_KEYS = frozenset({
     "train.steps", "train.log_every", "train.peak_tflops", "train.compile",
+    "model.sagebwd_kernels", "model.loss_impl", "model.loss_chunk_tokens",
     "eval.every", "eval.batches", "checkpoint.every", "checkpoint.keep_last", "data.verify",
 })
 # Keys that say where the run is logged and kept, not what is trained: compared as identity.

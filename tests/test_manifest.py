@@ -292,3 +292,24 @@ def test_local_executor_runs_the_smoke_grid_with_the_real_trainer(tmp_path):
     by_name = {r.info.run_name: r for r in runs}
     assert by_name["smoke-tps128-fpa-qknorm"].info.status == "FINISHED"
     assert by_name["smoke@cpu"].data.tags["sagebwd.role"] == "grid"   # the grid's parent run
+
+
+def test_local_executor_runs_jobs_side_by_side_into_one_store(tmp_path):
+    """--parallel 2: both smoke runs at once, each logging to its own local.log, one parent run."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    out = run_cli("run", "smoke", "--parallel", "2", "--runs-dir", str(tmp_path / "runs"), env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "2/2 runs finished" in out.stdout
+    names = ["smoke-tps128-fpa-qknorm", "smoke-tps128-sagebwd-qknorm-k"]
+    for name in names:
+        assert "step 6/6" in (tmp_path / "runs" / "smoke" / name / "local.log").read_text()
+        assert f"{name} finished in" in out.stdout
+    assert "step 6/6" not in out.stdout   # the runs' own output went to their logs
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("sagebwd-smoke")
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {*names, "smoke@cpu"}
+    assert all(runs[name].info.status == "FINISHED" for name in names)

@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs-dir", help="where run folders go (default <repo>/runs)")
     parser.add_argument("--keep-going", action="store_true",
                         help="local: carry on after a failed run")
+    parser.add_argument("--parallel", type=int, default=1, metavar="N",
+                        help="local: run up to N jobs at once (small models sharing a GPU; "
+                             "each run's output then goes to its local.log only)")
 
 
 def hand_to_slurm(args: argparse.Namespace) -> int:
@@ -46,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
         plan = plan_manifest(args.manifest, node=args.node, only=args.only,
                              runs_dir=args.runs_dir)
         print(format_table(plan), flush=True)
-        results = run_local(plan, keep_going=args.keep_going,
+        results = run_local(plan, keep_going=args.keep_going, parallel=args.parallel,
                             say=lambda line: print(line, flush=True))
     except (ManifestError, LocalRunError) as err:
         print(f"error: {err}", file=sys.stderr)

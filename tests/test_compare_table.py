@@ -8,7 +8,7 @@ import pytest
 
 from experiments.compare.figures import (ALL_CELLS_VIEW, QK_NORM_VIEW, SMOOTHING_VIEW, ema,
                                          views_for, write_figures)
-from experiments.compare.records import (PARAM_TOTAL_STEPS, PENDING, TAG_ATTENTION,
+from experiments.compare.records import (PARAM_SEED, PARAM_TOTAL_STEPS, PENDING, TAG_ATTENTION,
                                          TAG_QK_NORM, TAG_SMOOTHING, TAG_TOKENS_PER_STEP,
                                          CellAxes, RunRecord)
 from experiments.compare.table import compare, format_table, matching_fpa
@@ -18,9 +18,9 @@ TPS_BIG, TPS_SMALL = 2097152, 262144
 
 
 def axes(attention="sagebwd", qk_norm=True, smoothing="k", tps=TPS_BIG, variant=None,
-         label=None) -> CellAxes:
+         label=None, seed_replica=False) -> CellAxes:
     return CellAxes(attention, qk_norm, smoothing if attention == "sagebwd" else "none", tps,
-                    label, variant)
+                    label, variant, seed_replica=seed_replica)
 
 
 def line(start: float, slope: float, steps: range) -> tuple[tuple[int, float], ...]:
@@ -29,10 +29,10 @@ def line(start: float, slope: float, steps: range) -> tuple[tuple[int, float], .
 
 
 def record(name, cell_axes, *, status="FINISHED", loss=(), eval_loss=(), tokens_per_s=(),
-           mfu=(), total=16, diverged_at=None) -> RunRecord:
+           mfu=(), total=16, diverged_at=None, seed=None) -> RunRecord:
     return RunRecord(name, cell_axes, status, run_id=None if status == PENDING else name,
                      total_steps=total, loss=loss, eval_loss=eval_loss,
-                     tokens_per_s=tokens_per_s, mfu=mfu, diverged_at=diverged_at)
+                     tokens_per_s=tokens_per_s, mfu=mfu, diverged_at=diverged_at, seed=seed)
 
 
 def grid() -> list[RunRecord]:
@@ -115,6 +115,47 @@ def test_fpa_match_rule():
     assert "| no FPA cell |" in no_fpa
 
 
+def test_seed_replicas_match_the_fpa_cell_of_their_seed():
+    def replica(attention, seed, **kw):
+        return record(f"{attention}-s{seed}", axes(attention, variant=f"s{seed}", seed_replica=True,
+                                                   **kw), seed=seed)
+    fpa = [replica("fpa", seed) for seed in (0, 1, 2)]
+    # seeds given by other labels in another block still pair by the seed itself
+    other_label = record("sage-a1", axes(variant="a1", seed_replica=True), seed=1)
+    assert matching_fpa(other_label, fpa) is fpa[1]
+    assert matching_fpa(replica("sagebwd", 2, smoothing="qk"), fpa) is fpa[2]
+    # runs without a variant (an experiment's runs) pair by their logged seed as well
+    plain = [record(f"fpa-{seed}", axes("fpa"), seed=seed) for seed in (7, 8)]
+    assert matching_fpa(record("sage-8", axes(), seed=8), plain) is plain[1]
+    # a variant that sets more than the seed is a cell of its own: no FPA cell to match
+    assert matching_fpa(record("sage-lr", axes(variant="lr2"), seed=1), fpa) is None
+    assert axes(variant="s1", seed_replica=True).without_seed == axes()
+    assert axes(variant="lr2").without_seed == axes(variant="lr2")
+
+
+def test_a_variant_is_a_seed_replica_only_if_it_sets_nothing_but_the_seed():
+    from experiments.compare.store import is_seed_replica
+
+    assert is_seed_replica((("seed", 1),))
+    assert not is_seed_replica((("seed", 1), ("optimizer.lr", 0.002)))
+    assert not is_seed_replica((("optimizer.lr", 0.002),))
+    assert not is_seed_replica(())
+
+
+def test_paper_small_grid_knows_its_seeds():
+    """The plan gives every cell its seed and what its variant sets (paper-small: s0-s2)."""
+    from experiments.compare.store import _plan_axes
+    from experiments.grid.plan import plan_manifest
+
+    runs = plan_manifest("paper-small", check_paths=False).runs
+    assert all(_plan_axes(run).seed_replica for run in runs)
+    seeds = {run.name: run.seed for run in runs}
+    assert seeds["paper-small-tps128k-fpa-qknorm-s2"] == 2
+    assert seeds["paper-small-tps16k-sagebwd-qknorm-qk-s0"] == 0
+    cells = {_plan_axes(run).without_seed for run in runs}
+    assert len(runs) == 21 and len(cells) == 11
+
+
 def test_tps_is_written_like_the_paper():
     assert axes(label="2.1m").tps == "2.1M"
     assert axes(tps=TPS_SMALL).tps == "262K"
@@ -167,7 +208,8 @@ def test_tag_names_match_the_trainer():
     names = {TAG_ATTENTION, TAG_QK_NORM, TAG_SMOOTHING, TAG_TOKENS_PER_STEP}
     assert names <= set(grid_tags(config))
     assert grid_tags(config)[TAG_QK_NORM] == "true"
-    assert PARAM_TOTAL_STEPS in flatten(config.to_dict())
+    params = flatten(config.to_dict())
+    assert PARAM_TOTAL_STEPS in params and params[PARAM_SEED] == str(config.seed)
 
 
 def test_the_token_contract_is_its_own_cell_matched_to_the_same_fpa():

@@ -5,9 +5,10 @@ from pathlib import Path
 
 from experiments.compare.table import CellRow, column_notes, format_table
 
-MATCH_RULE = ("Matching FPA cell: same TPS and variant; QK-norm and smoothing only apply to "
-              "SageBwd, so they do not take part (with several FPA cells at one TPS, the one "
-              "with the same QK-norm is used).")
+MATCH_RULE = ("Matching FPA cell: same TPS and variant (a variant that only sets the seed "
+              "counts as none) and, among those, the same seed; QK-norm and smoothing only "
+              "apply to SageBwd, so they do not take part (with several FPA cells at one TPS "
+              "and seed, the one with the same QK-norm is used).")
 
 
 def missing_metric_notes(rows: list[CellRow]) -> list[str]:

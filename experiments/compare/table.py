@@ -1,9 +1,10 @@
 """The comparison itself, a pure function of RunRecords: one row of numbers per cell.
 
 Matching FPA cell (the baseline of a SageBwd cell's gap): an FPA cell with the same TPS
-and the same free-axis variant. QK-norm and smoothing are SageBwd's own knobs, so they
-are not part of the match; when a grid has several FPA cells at that TPS, the one with the
-same qk_norm wins, then the one that has logged steps, then the first in grid order.
+and the same free-axis variant, where a variant that only sets the seed counts as no
+variant. QK-norm and smoothing are SageBwd's own knobs, so they are not part of the match;
+when a grid has several FPA cells at that TPS, the one with the same seed wins, then the
+one with the same qk_norm, then the one that has logged steps, then the first in grid order.
 """
 from __future__ import annotations
 
@@ -42,9 +43,10 @@ def matching_fpa(record: RunRecord, records: list[RunRecord]) -> RunRecord | Non
     if a.attention == "fpa":
         return None
     candidates = [r for r in records if r.axes.attention == "fpa" and r.axes.tps == a.tps
-                  and r.axes.variant == a.variant]
+                  and r.axes.cell_variant == a.cell_variant]
     # sorted() is stable: ties keep grid order
-    ranked = sorted(candidates, key=lambda r: (r.axes.qk_norm != a.qk_norm, not r.loss))
+    ranked = sorted(candidates, key=lambda r: (r.seed != record.seed, r.axes.qk_norm != a.qk_norm,
+                                               not r.loss))
     return ranked[0] if ranked else None
 
 

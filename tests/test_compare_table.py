@@ -222,3 +222,114 @@ def test_the_token_contract_is_its_own_cell_matched_to_the_same_fpa():
     assert rows["big-sage-token"].baseline is fpa and rows["big-sage-token"].gap == 0.125
     text = format_table(list(rows.values()))
     assert "| SageBwd token |" in text and "| SageBwd |" in text
+
+
+# --- over seeds ----------------------------------------------------------------------------
+
+def seed_run(prefix, attention, seed, final, *, tps=TPS_BIG, qk_norm=True, smoothing="k",
+             status="FINISHED", diverged=False):
+    """One seed of a cell, as a manifest's seed-only variant s<seed> makes it: eval loss
+    final - 0.125 at step 8 and `final` at step 16 (so best eval = final - 0.125)."""
+    loss = line(4.0, -0.125, range(1, 10)) + ((10, math.nan),) if diverged else \
+        line(4.0, -0.125, range(1, 17))
+    return record(f"{prefix}-s{seed}", axes(attention, qk_norm=qk_norm, smoothing=smoothing,
+                                            tps=tps, variant=f"s{seed}", seed_replica=True),
+                  status=status, loss=loss, seed=seed,
+                  eval_loss=((8, final - 0.125),) if diverged else ((8, final - 0.125), (16, final)))
+
+
+def seed_grid() -> list[RunRecord]:
+    """paper-small's shape: 3 seeds of FPA and SageBwd K at both TPS, 3 of SageBwd without
+    QK-norm (seed 2 diverges), one seed of SageBwd without smoothing; at the small TPS
+    FPA's seed 2 is still running."""
+    big, small = dict(tps=TPS_BIG), dict(tps=TPS_SMALL)
+    return [
+        *[seed_run("big-fpa", "fpa", s, v, **big) for s, v in enumerate([3.0, 3.25, 3.5])],
+        *[seed_run("big-sage", "sagebwd", s, v, **big) for s, v in enumerate([3.125, 3.5, 3.5])],
+        seed_run("big-sage-noqk", "sagebwd", 0, 3.5, qk_norm=False, **big),
+        seed_run("big-sage-noqk", "sagebwd", 1, 3.875, qk_norm=False, **big),
+        seed_run("big-sage-noqk", "sagebwd", 2, 3.0, qk_norm=False, status="FAILED",
+                 diverged=True, **big),
+        seed_run("big-sage-none", "sagebwd", 0, 3.25, smoothing="none", **big),
+        seed_run("small-fpa", "fpa", 0, 3.5, **small), seed_run("small-fpa", "fpa", 1, 3.75, **small),
+        seed_run("small-fpa", "fpa", 2, 4.0, status="RUNNING", **small),
+        *[seed_run("small-sage", "sagebwd", s, v, **small) for s, v in enumerate([3.75, 4.0, 4.5])],
+    ]
+
+
+def sd(values):
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def test_over_seeds_pairs_each_seed_with_fpa_on_the_same_seed():
+    from experiments.compare.over_seeds import seed_cells
+
+    cells = {c.name: c for c in seed_cells(compare(seed_grid(), last_k=4))}
+    assert list(cells) == ["big-fpa", "big-sage-none", "big-sage", "big-sage-noqk", "small-fpa",
+                           "small-sage"]
+    fpa, sage = cells["big-fpa"].final_eval, cells["big-sage"].final_eval
+    assert (fpa.seeds, fpa.mean, fpa.gap) == (3, 3.25, None)
+    assert fpa.sd == pytest.approx(sd([3.0, 3.25, 3.5])) == pytest.approx(0.25)
+    # by hand: gaps 3.125-3.0, 3.5-3.25, 3.5-3.5 = 0.125, 0.25, 0; mean 0.125; their sd is
+    # sqrt((0 + 0.125² + 0.125²) / 2) = 0.125, so s.e. = 0.125 / sqrt(3)
+    assert sage.mean == pytest.approx((3.125 + 3.5 + 3.5) / 3)
+    assert sage.sd == pytest.approx(sd([3.125, 3.5, 3.5]))
+    assert (sage.gap, sage.paired_seeds) == (0.125, 3)
+    assert sage.gap_se == pytest.approx(0.125 / math.sqrt(3))
+    assert cells["big-sage"].best_eval == pytest.approx(sage.mean - 0.125)
+
+
+def test_over_seeds_leaves_a_diverged_seed_out_and_flags_it():
+    from experiments.compare.over_seeds import format_seed_table, seed_cells
+
+    cells = seed_cells(compare(seed_grid(), last_k=4))
+    noqk = next(c for c in cells if c.name == "big-sage-noqk")
+    assert [r.record.seed for r in noqk.diverged] == [2] and len(noqk.counted) == 2
+    # seeds 0 and 1 only: gaps 3.5-3.0 and 3.875-3.25 = 0.5 and 0.625
+    assert noqk.final_eval.gap == 0.5625 and noqk.final_eval.mean == (3.5 + 3.875) / 2
+    assert noqk.final_eval.gap_se == pytest.approx(sd([0.5, 0.625]) / math.sqrt(2)) == 0.0625
+    lines = format_seed_table(cells).splitlines()
+    assert lines[0] == ("| cell | TPS | attention | QK-norm | smoothing | seeds | final eval | sd | "
+                        "best eval | Δ vs FPA | s.e. | Δ / s.e. | diverged |")
+    assert lines[2:] == [
+        "| big-fpa | 2.1M | FPA | on | — | 3/3 | 3.2500 | 0.2500 | 3.1250 | baseline | — | — | no |",
+        "| big-sage-none | 2.1M | SageBwd | on | none | 1/1 | 3.2500 | — | 3.1250 | +0.2500 | — | — | no |",
+        "| big-sage | 2.1M | SageBwd | on | k | 3/3 | 3.3750 | 0.2165 | 3.2500 | +0.1250 | 0.0722 | +1.7 | no |",
+        "| big-sage-noqk | 2.1M | SageBwd | off | k | 2/3 | 3.6875 | 0.2652 | 3.5625 | +0.5625 | 0.0625 | +9.0 | "
+        "**yes**, 1 of 3: seed 2 at step 10 (left out) |",
+        "| small-fpa | 262K | FPA | on | — | 2/3 | 3.6250 | 0.1768 | 3.5000 | baseline | — | — | no |",
+        "| small-sage | 262K | SageBwd | on | k | 3/3 | 4.0833 | 0.3819 | 3.9583 | +0.2500 (2 of 3 seeds "
+        "paired) | 0.0000 | — | no |",
+    ]
+
+
+def test_single_seed_cells_show_the_gap_without_a_standard_error():
+    from experiments.compare.over_seeds import has_several_seeds, seed_cells
+
+    cells = {c.name: c for c in seed_cells(compare(seed_grid(), last_k=4))}
+    none = cells["big-sage-none"].final_eval
+    assert (none.seeds, none.gap, none.gap_se, none.sd) == (1, 0.25, None, None)
+    assert has_several_seeds(list(cells.values()))
+    # the demo: one run per cell, nothing to pool
+    demo = [record("fpa", axes("fpa"), loss=line(1.0, 0.0, range(1, 3)), seed=1337),
+            record("sage", axes(), loss=line(1.0, 0.0, range(1, 3)), seed=1337)]
+    assert not has_several_seeds(seed_cells(compare(demo)))
+
+
+def test_runs_without_a_variant_pool_by_their_logged_seed():
+    """An experiment's runs (the seed study's): no variant, one `seed` param each."""
+    from experiments.compare.over_seeds import seed_cells
+
+    runs = [record(f"{name}-seed{seed}", axes(attention), seed=seed,
+                   loss=line(1.0, 0.0, range(1, 3)), eval_loss=((2, value),))
+            for name, attention, values in (("fpa", "fpa", (2.0, 2.5)), ("sagebwd-k", "sagebwd", (2.25, 2.5)))
+            for seed, value in zip((1337, 1338), values)]
+    duplicate = record("sagebwd-k-seed1338-retry", axes(), seed=1338, loss=line(1.0, 0.0, range(1, 3)),
+                       eval_loss=((2, 9.0),))
+    cells = {c.name: c for c in seed_cells(compare(runs + [duplicate]))}
+    assert list(cells) == ["fpa-seed", "sagebwd-k-seed"]
+    sage = cells["sagebwd-k-seed"]
+    assert (sage.final_eval.gap, sage.final_eval.paired_seeds) == (0.125, 2)
+    assert sage.notes == ("sagebwd-k-seed1338-retry has seed 1338 like sagebwd-k-seed1338: left out of "
+                          "the over-seeds table",)

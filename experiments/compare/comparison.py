@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from experiments.compare.over_seeds import (SeedCell, format_seed_table, has_several_seeds,
+                                            seed_cells)
 from experiments.compare.store import (ARTIFACT_DIR, CompareError, Selection, comparison_run,
                                        connect, log_report, select_experiment, select_grid,
                                        ui_instructions)
@@ -26,6 +28,8 @@ class Comparison:
 
     rows: list[CellRow]
     table: str
+    seed_cells: list[SeedCell]    # the rows pooled over seeds
+    seed_table: str | None        # their table; None when no cell has two seeds
     figures: list[Path]
     report: Path
     report_run_id: str | None     # the run the files were logged on (None with log=False)
@@ -44,12 +48,14 @@ def run_comparison(client, tracking_uri: str, selection: Selection, *, out: Path
     out = Path(out) if out else _default_out(selection.scope)
     rows = compare(selection.records, last_k=last_k)
     table = format_table(rows)
+    cells = seed_cells(rows)
+    seed_table = format_seed_table(cells) if has_several_seeds(cells) else None
     figures = write_figures(rows, out, title=selection.scope)
     report_run_id = comparison_run(client, selection) if log else None
     run_ids = [row.record.run_id for row in rows if row.record.run_id]
     ui_lines = ui_instructions(tracking_uri, selection.experiment.experiment_id,
                                report_run_id, run_ids)
-    report = write_report(rows, out / "report.md", scope=selection.scope,
+    report = write_report(rows, out / "report.md", seed_cells=cells if seed_table else None, scope=selection.scope,
                           tracking_uri=tracking_uri, experiment=selection.experiment.name,
                           report_run_id=report_run_id, figures=figures, last_k=last_k,
                           notes=selection.notes, ui_lines=ui_lines)
@@ -58,6 +64,9 @@ def run_comparison(client, tracking_uri: str, selection: Selection, *, out: Path
     say(f"{selection.scope} ({len(rows)} cells, experiment {selection.experiment.name}, "
         f"{tracking_uri})")
     say(table)
+    if seed_table:
+        say("\nOver seeds (final eval loss; Δ vs FPA paired by seed: mean, its s.e.):")
+        say(seed_table)
     for note in selection.notes:
         say(f"note: {note}")
     say(f"Wrote {report} and {', '.join(f.name for f in figures)}")
@@ -65,7 +74,7 @@ def run_comparison(client, tracking_uri: str, selection: Selection, *, out: Path
         say(f"Logged them on run {report_run_id} under {ARTIFACT_DIR}/")
     for line in ui_lines:
         say(line)
-    return Comparison(rows, table, figures, report, report_run_id, ui_lines)
+    return Comparison(rows, table, cells, seed_table, figures, report, report_run_id, ui_lines)
 
 
 def _tracking_uri(configured: str | None) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.compare.over_seeds import SEED_NOTES, SeedCell, format_seed_table
 from experiments.compare.table import CellRow, column_notes, format_table
 
 MATCH_RULE = ("Matching FPA cell: same TPS and variant (a variant that only sets the seed "
@@ -26,7 +27,9 @@ def missing_metric_notes(rows: list[CellRow]) -> list[str]:
 
 def write_report(rows: list[CellRow], path: Path, *, scope: str, tracking_uri: str,
                  experiment: str, report_run_id: str | None, figures: list[Path], last_k: int,
-                 notes: list[str], ui_lines: list[str]) -> Path:
+                 notes: list[str], ui_lines: list[str],
+                 seed_cells: list[SeedCell] | None = None) -> Path:
+    """seed_cells: the over-seeds table, written after the per-run one (None: no table)."""
     lines = [f"# SageBwd vs FPA: {scope}", "",
              f"MLflow store `{tracking_uri}`, experiment `{experiment}`"
              + (f", report logged on run `{report_run_id}`." if report_run_id else "."), "",
@@ -35,7 +38,11 @@ def write_report(rows: list[CellRow], path: Path, *, scope: str, tracking_uri: s
         f"{row.record.name}: {note}" for row in rows for note in row.record.notes]
     if all_notes:
         lines += ["Notes:", *[f"- {note}" for note in all_notes], ""]
-    lines += [f"![{figure.stem}]({figure.name})" for figure in figures]
+    if seed_cells:
+        cell_notes = [f"- {note}" for cell in seed_cells for note in cell.notes]
+        lines += ["## Over seeds", "", format_seed_table(seed_cells), "", SEED_NOTES, "",
+                  *cell_notes, *([""] if cell_notes else [])]
+    lines += ["## Figures", "", *[f"![{figure.stem}]({figure.name})" for figure in figures]]
     lines += ["", "## Runs", ""]
     lines += [f"- {row.record.name}: `{row.record.run_id}`" if row.record.run_id
               else f"- {row.record.name}: not started" for row in rows]

@@ -12,7 +12,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from experiments.compare.records import PENDING, Curve, RunRecord
+from experiments.compare.records import PENDING, CellAxes, Curve, RunRecord
 
 SMOOTHING_ORDER = {"none": 0, "k": 1, "qk": 2}
 NO_VALUE = "—"
@@ -101,7 +101,7 @@ COLUMNS = ("cell", "TPS", "attention", "QK-norm", "smoothing", "status", "steps"
            "train loss", "best eval", "Δ vs FPA", "diverged", "tokens/s", "MFU")
 
 
-def _number(value: float | None, fmt: str) -> str:
+def number(value: float | None, fmt: str) -> str:
     if value is None:
         return NO_VALUE
     return "nan" if math.isnan(value) else format(value, fmt)
@@ -118,7 +118,7 @@ def _gap(row: CellRow) -> str:
         return "baseline"
     if row.baseline is None:
         return "no FPA cell"
-    return _number(row.gap, "+.4f")
+    return number(row.gap, "+.4f")
 
 
 def _diverged(row: CellRow) -> str:
@@ -127,15 +127,19 @@ def _diverged(row: CellRow) -> str:
     return f"yes, step {row.diverged_at:,}" if row.diverged_at is not None else "no"
 
 
-def row_cells(row: CellRow) -> list[str]:
-    a = row.record.axes
+def axis_cells(a: CellAxes) -> list[str]:
+    """The TPS, attention, QK-norm and smoothing columns (smoothing only for SageBwd)."""
     sage = a.attention == "sagebwd"
     qk_norm = NO_VALUE if a.qk_norm is None else ("on" if a.qk_norm else "off")
-    return [row.record.name, a.tps, a.sage_label if sage else a.attention.upper(), qk_norm,
-            (a.smoothing or NO_VALUE) if sage else NO_VALUE, row.record.status.lower(),
-            _steps(row), _number(row.final_loss, ".4f"), _number(row.best_eval_loss, ".4f"),
-            _gap(row), _diverged(row), _number(row.tokens_per_s, ",.0f"),
-            _number(row.mfu, ".1%")]
+    return [a.tps, a.sage_label if sage else a.attention.upper(), qk_norm,
+            (a.smoothing or NO_VALUE) if sage else NO_VALUE]
+
+
+def row_cells(row: CellRow) -> list[str]:
+    return [row.record.name, *axis_cells(row.record.axes), row.record.status.lower(),
+            _steps(row), number(row.final_loss, ".4f"), number(row.best_eval_loss, ".4f"),
+            _gap(row), _diverged(row), number(row.tokens_per_s, ",.0f"),
+            number(row.mfu, ".1%")]
 
 
 def format_table(rows: list[CellRow]) -> str:

@@ -333,3 +333,22 @@ def test_runs_without_a_variant_pool_by_their_logged_seed():
     assert (sage.final_eval.gap, sage.final_eval.paired_seeds) == (0.125, 2)
     assert sage.notes == ("sagebwd-k-seed1338-retry has seed 1338 like sagebwd-k-seed1338: left out of "
                           "the over-seeds table",)
+
+
+def test_figures_draw_one_curve_per_cell_over_its_seeds(tmp_path):
+    from experiments.compare.figures import _band, _seeds_suffix
+
+    rows = compare(seed_grid(), last_k=4)
+    # seeds share a label (so a colour and a curve); a seed-only variant is not named
+    labels = {QK_NORM_VIEW.label(row.record) for row in rows if QK_NORM_VIEW.selects(row.record)}
+    assert labels == {"FPA", "SageBwd + QK-norm", "SageBwd w/o QK-norm"}
+    assert SMOOTHING_VIEW.label(record("x", axes(variant="lr2"))) == "SageBwd, K-smoothing [lr2]"
+    noqk = [row for row in rows if row.record.name.startswith("big-sage-noqk")]
+    assert _seeds_suffix(noqk) == " (mean of 2 seeds; seed 2 diverged at step 10)"
+    small_fpa = [row for row in rows if row.record.name.startswith("small-fpa")]
+    assert _seeds_suffix(small_fpa) == " (mean of 3 seeds, 1 running)"
+    assert _band([{1: 1.0, 2: 2.0, 3: 5.0}, {2: 4.0, 3: math.nan}]) == ([2], [3.0], [2.0], [4.0])
+    # both views of the paper's grid: Figure 1 and the smoothing ablation, its own PNG
+    paths = write_figures(rows, tmp_path, title="seeds")
+    assert [p.name for p in paths] == ["loss-qk-norm.png", "loss-smoothing.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)

@@ -3,6 +3,7 @@ the table text, which figures a grid gets, and the tag names shared with the tra
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -352,3 +353,43 @@ def test_figures_draw_one_curve_per_cell_over_its_seeds(tmp_path):
     paths = write_figures(rows, tmp_path, title="seeds")
     assert [p.name for p in paths] == ["loss-qk-norm.png", "loss-smoothing.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+# --- the export -----------------------------------------------------------------------------
+
+def long_grid() -> list[RunRecord]:
+    """Long noisy curves (so thinning matters), runs at different progress, a diverged seed,
+    a pending cell and the medians, on top of the seed grid."""
+    def noisy(start, steps, seed):
+        return tuple((s, start - s / 1000 + ((s * 7919 + seed * 104729) % 1000) / 4096)
+                     for s in steps)
+    runs = [replace(r, loss=noisy(4.0 + i / 8, range(1, 2049), i),
+                    tokens_per_s=tuple((s, 1000.0 + s % 7) for s in range(1, 50)),
+                    mfu=((1, 0.5), (2, 0.25), (3, 0.375)))
+            for i, r in enumerate(seed_grid())]
+    runs[-1] = replace(runs[-1], loss=runs[-1].loss[:1500], status="RUNNING")   # behind its FPA
+    noqk = next(i for i, r in enumerate(runs) if r.name == "big-sage-noqk-s2")
+    runs[noqk] = replace(runs[noqk], loss=runs[noqk].loss[:999] + ((1000, math.nan),), diverged_at=None)
+    return runs + [record("small-sage-noqk", axes(qk_norm=False, tps=TPS_SMALL), status=PENDING)]
+
+
+def test_export_round_trip_gives_the_same_tables(tmp_path):
+    from experiments.compare.export import MAX_CURVE_POINTS, read_export, write_export
+    from experiments.compare.over_seeds import format_seed_table, seed_cells
+
+    rows = compare(long_grid(), last_k=20)
+    path = write_export(rows, tmp_path / "grid.json", scope="grid test@cpu",
+                        source={"tracking_uri": "sqlite:///x.db", "experiment": "e"}, last_k=20,
+                        notes=["a note"])
+    data = read_export(path)
+    assert (data.scope, data.last_k, data.notes) == ("grid test@cpu", 20, ["a note"])
+    assert all(len(r.loss) <= MAX_CURVE_POINTS + 2 * 20 for r in data.records)
+    assert max(len(r.loss) for r in data.records) >= MAX_CURVE_POINTS - 10
+    again = compare(data.records, last_k=20)
+    assert format_table(again) == format_table(rows)
+    assert format_seed_table(seed_cells(again)) == format_seed_table(seed_cells(rows))
+    assert [r.seed for r in data.records] == [row.record.seed for row in rows]
+    assert format_table(compare(data.records, last_k=5)) == format_table(compare(long_grid(), last_k=5))
+    import json
+    json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} is not strict JSON"))
+    assert path.stat().st_size < 150_000

@@ -25,14 +25,12 @@ def missing_metric_notes(rows: list[CellRow]) -> list[str]:
     return notes
 
 
-def write_report(rows: list[CellRow], path: Path, *, scope: str, tracking_uri: str,
-                 experiment: str, report_run_id: str | None, figures: list[Path], last_k: int,
-                 notes: list[str], ui_lines: list[str],
+def write_report(rows: list[CellRow], path: Path, *, scope: str, source: str,
+                 figures: list[Path], last_k: int, notes: list[str], ui_lines: list[str],
                  seed_cells: list[SeedCell] | None = None) -> Path:
-    """seed_cells: the over-seeds table, written after the per-run one (None: no table)."""
-    lines = [f"# SageBwd vs FPA: {scope}", "",
-             f"MLflow store `{tracking_uri}`, experiment `{experiment}`"
-             + (f", report logged on run `{report_run_id}`." if report_run_id else "."), "",
+    """source: where the records came from (one line). seed_cells: the over-seeds table,
+    written after the per-run one (None: no such table)."""
+    lines = [f"# SageBwd vs FPA: {scope}", "", source, "",
              format_table(rows), "", column_notes(last_k), MATCH_RULE, ""]
     all_notes = notes + missing_metric_notes(rows) + [
         f"{row.record.name}: {note}" for row in rows for note in row.record.notes]
@@ -46,7 +44,9 @@ def write_report(rows: list[CellRow], path: Path, *, scope: str, tracking_uri: s
     lines += ["", "## Runs", ""]
     lines += [f"- {row.record.name}: `{row.record.run_id}`" if row.record.run_id
               else f"- {row.record.name}: not started" for row in rows]
-    lines += ["", "## Open in the MLflow UI", "", *[f"- {line}" for line in ui_lines], ""]
+    if ui_lines:
+        lines += ["", "## Open in the MLflow UI", "", *[f"- {line}" for line in ui_lines]]
+    lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path

@@ -68,8 +68,8 @@ def main(args: argparse.Namespace) -> int:
                                              ("--runs", args.runs),
                                              ("--tracking-uri", args.tracking_uri)) if value]
             if used:
-                raise CompareError(f"{', '.join(used)} read MLflow; --from-export reads only "
-                                   "its file")
+                raise CompareError("--from-export reads only its file, not MLflow: drop "
+                                   + ", ".join(used))
             compare_export(args.from_export, out=args.out, last_k=args.last_k, export=args.export)
         elif args.manifest:
             if args.grid or args.runs:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
+from experiments.compare.stats import summarise
 from experiments.paths import CONFIGS_DIR, RUNS_DIR
 from launcher.config import load_run_config
 from launcher.logs import configure_logging
@@ -43,24 +43,13 @@ def seed_list(base: int, count: int) -> list[int]:
 def paired_gaps(finals: dict[str, dict[int, float]], baseline: str = BASELINE) -> list[dict]:
     """Per variant: mean and sd of its final eval loss over seeds, and the mean paired gap to
     the baseline (variant - baseline on the same seed) with its standard error (sd / sqrt(n);
-    None below two seeds). Only seeds that both finished count toward a gap."""
-    rows = []
+    None below two seeds). Only seeds that both finished count toward a gap. The arithmetic
+    is experiments.compare.stats.summarise, shared with the comparison's over-seeds table."""
     base = finals[baseline]
-    for variant, by_seed in finals.items():
-        values = list(by_seed.values())
-        row = {"variant": variant, "seeds": len(values),
-               "mean": statistics.fmean(values) if values else None,
-               "sd": statistics.stdev(values) if len(values) > 1 else None,
-               "gap": None, "gap_se": None, "paired_seeds": 0}
-        if variant != baseline:
-            gaps = [by_seed[s] - base[s] for s in sorted(by_seed) if s in base]
-            row["paired_seeds"] = len(gaps)
-            if gaps:
-                row["gap"] = statistics.fmean(gaps)
-            if len(gaps) > 1:
-                row["gap_se"] = statistics.stdev(gaps) / math.sqrt(len(gaps))
-        rows.append(row)
-    return rows
+    return [{"variant": variant,
+             **asdict(summarise(dict(sorted(by_seed.items())),
+                                None if variant == baseline else base))}
+            for variant, by_seed in finals.items()]
 
 
 def markdown(rows: list[dict], baseline: str = BASELINE) -> str:

@@ -55,7 +55,7 @@ def linear(start: float, slope: float, steps: range) -> list[tuple[int, float]]:
 def log_cell(client: MlflowClient, experiment_id: str, name: str, *, parent: str | None,
              attention: str, qk_norm: bool, tps: int, total: int, status: str,
              loss: list[tuple[int, float]], eval_loss=(), tokens_per_s=(), mfu=(),
-             start_time: int, tags: dict | None = None) -> str:
+             start_time: int, tags: dict | None = None, params: dict | None = None) -> str:
     """One training run as launcher.train logs it (tags, params, per-step metrics)."""
     cell_tags = {"attention": attention, "qk_norm": str(qk_norm).lower(),
                  "smoothing": "k" if attention == "sagebwd" else "none",
@@ -67,8 +67,8 @@ def log_cell(client: MlflowClient, experiment_id: str, name: str, *, parent: str
     metrics = [Metric(key, value, start_time, step) for key, curve in
                (("loss", loss), ("eval_loss", eval_loss), ("tokens_per_s", tokens_per_s),
                 ("mfu", mfu)) for step, value in curve]
-    client.log_batch(run_id, metrics=metrics,
-                     params=[Param("train.steps", str(total)), Param("model.attention", attention)])
+    params = {"train.steps": str(total), "model.attention": attention, **(params or {})}
+    client.log_batch(run_id, metrics=metrics, params=[Param(k, v) for k, v in params.items()])
     if status != "RUNNING":
         client.set_terminated(run_id, status=status)
     return run_id
@@ -227,6 +227,81 @@ def test_errors_say_what_is_missing_and_how_to_fix_it(store, tmp_path):
     with pytest.raises(CompareError, match=f"there is no MLflow store at {missing}"):
         compare_experiment("cmp-demo", tracking_uri=f"sqlite:///{missing}")
     assert not missing.exists()     # reading must not create an empty store
+
+
+# --- a grid over seeds, its export and the round trip -------------------------------------
+
+SEED_VARIANTS = {"s0": {"seed": 0}, "s1": {"seed": 1}, "s2": {"seed": 2},
+                 "lr": {"seed": 0, "optimizer.lr": 0.004}}
+SEED_MANIFEST = {
+    **MANIFEST, "name": "seedgrid", "experiment": "cmp-seeds",
+    "tps": {"256": {"tokens": 256, "steps": 16, "warmup_steps": 1}},
+    # three seeds, and a variant that also sets the learning rate: a cell of its own
+    "grid": [{"attention": ["fpa"], "qk_norm": [True], "overrides": SEED_VARIANTS},
+             {"attention": ["sagebwd"], "qk_norm": [True], "smoothing": ["k"],
+              "overrides": SEED_VARIANTS}],
+}
+# final eval loss per run; sagebwd s2 diverges
+SEED_FINALS = {("fpa", "s0"): 3.0, ("fpa", "s1"): 3.25, ("fpa", "s2"): 3.5, ("fpa", "lr"): 3.0,
+               ("sagebwd", "s0"): 3.125, ("sagebwd", "s1"): 3.5, ("sagebwd", "lr"): 3.0625}
+
+
+def seed_rows(text: str) -> list[str]:
+    """The over-seeds table's rows: those after its header."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| cell |") and "| seeds |" in line)
+    return [line for line in lines[start:] if line.startswith("| seedgrid-")]
+
+
+def test_a_grid_over_seeds_gives_paired_gaps_and_an_export_that_redoes_it(store, tmp_path):
+    from experiments.compare.comparison import compare_export
+    from experiments.grid.plan import plan_manifest
+
+    client = store["client"]
+    manifest = write_manifest(tmp_path, SEED_MANIFEST)
+    experiment_id = client.create_experiment("cmp-seeds",
+                                             artifact_location=(tmp_path / "art").as_uri())
+    parent = client.create_run(experiment_id, run_name="seedgrid@cpu",
+                               tags={GRID_TAG: "seedgrid@cpu", ROLE_TAG: "grid"}).info.run_id
+    for i, spec in enumerate(plan_manifest(manifest, check_paths=False).runs):
+        attention, variant = spec.axes["attention"], spec.axes["variant"]
+        diverged = (attention, variant) == ("sagebwd", "s2")
+        final = SEED_FINALS.get((attention, variant), 3.0)
+        log_cell(client, experiment_id, spec.name, parent=parent, attention=attention,
+                 qk_norm=True, tps=256, total=16, status="FAILED" if diverged else "FINISHED",
+                 loss=linear(4.0, -0.125, range(1, 10)) + [(10, float("nan"))] if diverged
+                 else linear(4.0 + i / 8, -0.125, range(1, 17)),
+                 eval_loss=[(8, final + 0.25)] + ([] if diverged else [(16, final)]),
+                 params={"seed": str(spec.seed)}, start_time=5000 + i,
+                 tags={"diverged_at_step": "10"} if diverged else None)
+    export = tmp_path / "seeds.json"
+    result = compare_manifest(manifest, tracking_uri=store["uri"], out=tmp_path / "out",
+                              export=export, say=lambda _: None)
+    assert {row.record.name: row.record.seed for row in result.rows}[
+        "seedgrid-tps256-sagebwd-qknorm-k-s1"] == 1
+    # by hand: sagebwd seeds 0 and 1 pair with FPA's (3.125-3.0, 3.5-3.25 = 0.125, 0.25):
+    # mean 0.1875, sd 0.0884, s.e. 0.0884/sqrt(2) = 0.0625; seed 2 diverged, left out
+    assert seed_rows(result.seed_table) == [
+        "| seedgrid-tps256-fpa-qknorm-lr | 256 | FPA | on | — | 1/1 | 3.0000 | — | 3.0000 | baseline | — | — | no |",
+        "| seedgrid-tps256-sagebwd-qknorm-k-lr | 256 | SageBwd | on | k | 1/1 | 3.0625 | — | 3.0625 | +0.0625 | — | — | no |",
+        "| seedgrid-tps256-fpa-qknorm | 256 | FPA | on | — | 3/3 | 3.2500 | 0.2500 | 3.2500 | baseline | — | — | no |",
+        "| seedgrid-tps256-sagebwd-qknorm-k | 256 | SageBwd | on | k | 2/3 | 3.3125 | 0.2652 | 3.3125 | +0.1875 | 0.0625 | +3.0 | "
+        "**yes**, 1 of 3: seed 2 at step 10 (left out) |",
+    ]
+    report = result.report.read_text()
+    assert report.index("## Over seeds") > report.index("| seedgrid-tps256-fpa-qknorm-s0 |")
+    assert "Δ vs FPA is paired: per seed" in report
+    assert [a.path for a in client.list_artifacts(parent, "compare")] == [
+        "compare/loss-curves.png", "compare/report.md", "compare/seeds.json"]
+    # the round trip: the same tables from the file alone
+    again = compare_export(export, out=tmp_path / "again", say=lambda _: None)
+    assert again.table == result.table and again.seed_table == result.seed_table
+    assert "From the export `seeds.json`, read from MLflow store" in again.report.read_text()
+    done = run_compare("--from-export", str(export), "--out", str(tmp_path / "cli"))
+    assert done.returncode == 0, done.stderr
+    assert seed_rows(done.stdout) == seed_rows(result.seed_table)
+    done = run_compare("--from-export", str(export), "--last-k", "21")
+    assert done.returncode == 2 and "exported with --last-k 20" in done.stderr
 
 
 # --- the command against a real `mlflow server` ---------------------------------------------

@@ -5,7 +5,7 @@ hand in tests), so the arithmetic in experiments.compare.table never touches MLf
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from experiments.grid.table import human_count
 
@@ -21,6 +21,7 @@ TAG_TPS = "tps"                   # the manifest's TPS label ("2.1m"), once the 
 TAG_DIVERGED_AT = "diverged_at_step"
 PARAM_TOTAL_STEPS = "train.steps"
 PARAM_TOKENS_PER_STEP = "derived.tokens_per_step"
+PARAM_SEED = "seed"               # the run config's seed
 METRIC_LOSS = "loss"
 METRIC_EVAL_LOSS = "eval_loss"
 METRIC_TOKENS_PER_S = "tokens_per_s"
@@ -45,6 +46,17 @@ class CellAxes:
     tps_label: str | None = None     # the manifest's label ("2.1m"); None: from tokens_per_step
     variant: str | None = None       # the manifest's free overrides axis
     quant: str | None = None         # SageBwd's quantisation contract: "block" | "token"
+    seed_replica: bool = False       # the variant sets the seed and nothing else
+
+    @property
+    def without_seed(self) -> "CellAxes":
+        """The cell its seeds are replicas of: a seed-only variant is dropped, any other kept."""
+        return replace(self, variant=None, seed_replica=False) if self.seed_replica else self
+
+    @property
+    def cell_variant(self) -> str | None:
+        """The variant, unless it only picks the seed."""
+        return None if self.seed_replica else self.variant
 
     @property
     def sage_label(self) -> str:
@@ -74,4 +86,5 @@ class RunRecord:
     tokens_per_s: Curve = ()
     mfu: Curve = ()
     diverged_at: int | None = None   # the trainer's tag, when it stopped on a non-finite loss
+    seed: int | None = None          # the run's `seed` param; for a pending cell, the plan's
     notes: tuple[str, ...] = field(default=())

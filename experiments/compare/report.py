@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.compare.over_seeds import SEED_NOTES, SeedCell, format_seed_table
 from experiments.compare.table import CellRow, column_notes, format_table
 
-MATCH_RULE = ("Matching FPA cell: same TPS and variant; QK-norm and smoothing only apply to "
-              "SageBwd, so they do not take part (with several FPA cells at one TPS, the one "
-              "with the same QK-norm is used).")
+MATCH_RULE = ("Matching FPA cell: same TPS and variant (a variant that only sets the seed "
+              "counts as none) and, among those, the same seed; QK-norm and smoothing only "
+              "apply to SageBwd, so they do not take part (with several FPA cells at one TPS "
+              "and seed, the one with the same QK-norm is used).")
 
 
 def missing_metric_notes(rows: list[CellRow]) -> list[str]:
@@ -23,22 +25,28 @@ def missing_metric_notes(rows: list[CellRow]) -> list[str]:
     return notes
 
 
-def write_report(rows: list[CellRow], path: Path, *, scope: str, tracking_uri: str,
-                 experiment: str, report_run_id: str | None, figures: list[Path], last_k: int,
-                 notes: list[str], ui_lines: list[str]) -> Path:
-    lines = [f"# SageBwd vs FPA: {scope}", "",
-             f"MLflow store `{tracking_uri}`, experiment `{experiment}`"
-             + (f", report logged on run `{report_run_id}`." if report_run_id else "."), "",
+def write_report(rows: list[CellRow], path: Path, *, scope: str, source: str,
+                 figures: list[Path], last_k: int, notes: list[str], ui_lines: list[str],
+                 seed_cells: list[SeedCell] | None = None) -> Path:
+    """source: where the records came from (one line). seed_cells: the over-seeds table,
+    written after the per-run one (None: no such table)."""
+    lines = [f"# SageBwd vs FPA: {scope}", "", source, "",
              format_table(rows), "", column_notes(last_k), MATCH_RULE, ""]
     all_notes = notes + missing_metric_notes(rows) + [
         f"{row.record.name}: {note}" for row in rows for note in row.record.notes]
     if all_notes:
         lines += ["Notes:", *[f"- {note}" for note in all_notes], ""]
-    lines += [f"![{figure.stem}]({figure.name})" for figure in figures]
+    if seed_cells:
+        cell_notes = [f"- {note}" for cell in seed_cells for note in cell.notes]
+        lines += ["## Over seeds", "", format_seed_table(seed_cells), "", SEED_NOTES, "",
+                  *cell_notes, *([""] if cell_notes else [])]
+    lines += ["## Figures", "", *[f"![{figure.stem}]({figure.name})" for figure in figures]]
     lines += ["", "## Runs", ""]
     lines += [f"- {row.record.name}: `{row.record.run_id}`" if row.record.run_id
               else f"- {row.record.name}: not started" for row in rows]
-    lines += ["", "## Open in the MLflow UI", "", *[f"- {line}" for line in ui_lines], ""]
+    if ui_lines:
+        lines += ["", "## Open in the MLflow UI", "", *[f"- {line}" for line in ui_lines]]
+    lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path

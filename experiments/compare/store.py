@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from experiments.compare.records import (METRIC_EVAL_LOSS, METRIC_LOSS, METRIC_MFU,
-                                         METRIC_TOKENS_PER_S, PARAM_TOKENS_PER_STEP,
+                                         METRIC_TOKENS_PER_S, PARAM_SEED, PARAM_TOKENS_PER_STEP,
                                          PARAM_TOTAL_STEPS, PENDING, TAG_ATTENTION,
-                                         TAG_DIVERGED_AT, TAG_QK_NORM, TAG_SMOOTHING,
-                                         TAG_QUANT, TAG_TOKENS_PER_STEP, TAG_TPS, CellAxes, Curve, RunRecord)
+                                         TAG_DIVERGED_AT, TAG_QK_NORM, TAG_QUANT, TAG_SMOOTHING,
+                                         TAG_TOKENS_PER_STEP, TAG_TPS, CellAxes, Curve,
+                                         RunRecord)
 from experiments.grid.tracking import GRID_TAG, ROLE_TAG
 from launcher.tracking import PARENT_RUN_TAG as PARENT_TAG   # MLflow's own nesting tag
 
@@ -143,16 +144,22 @@ def metric_curve(client: "MlflowClient", run: "Run", key: str) -> Curve:
 
 def read_record(client: "MlflowClient", run: "Run", *, name: str | None = None,
                 axes: CellAxes | None = None, total_steps: int | None = None,
-                notes: tuple[str, ...] = ()) -> RunRecord:
+                seed: int | None = None, notes: tuple[str, ...] = ()) -> RunRecord:
+    """seed: the plan's, used when the run logged none (the logged one wins)."""
     curves = {key: metric_curve(client, run, key)
               for key in (METRIC_LOSS, METRIC_EVAL_LOSS, METRIC_TOKENS_PER_S, METRIC_MFU)}
+    logged_seed = _int_or_none(run.data.params.get(PARAM_SEED))
+    if logged_seed is not None and seed is not None and logged_seed != seed:
+        notes += (f"the run logged seed {logged_seed}, the manifest now says {seed}: "
+                  f"seed {logged_seed} is used",)
     return RunRecord(
         name=name or run.info.run_name, axes=axes or axes_from_run(run), status=run.info.status,
         run_id=run.info.run_id,
         total_steps=_int_or_none(run.data.params.get(PARAM_TOTAL_STEPS)) or total_steps,
         loss=curves[METRIC_LOSS], eval_loss=curves[METRIC_EVAL_LOSS],
         tokens_per_s=curves[METRIC_TOKENS_PER_S], mfu=curves[METRIC_MFU],
-        diverged_at=_int_or_none(run.data.tags.get(TAG_DIVERGED_AT)), notes=notes)
+        diverged_at=_int_or_none(run.data.tags.get(TAG_DIVERGED_AT)),
+        seed=logged_seed if logged_seed is not None else seed, notes=notes)
 
 
 def newest_per_cell(runs: list["Run"]) -> tuple[list["Run"], dict[str, int]]:
@@ -222,12 +229,19 @@ def select_experiment(client: "MlflowClient", tracking_uri: str, experiment_name
     return Selection(experiment, records, parent_id, scope, [])
 
 
+def is_seed_replica(variant_overrides: tuple[tuple[str, object], ...]) -> bool:
+    """A variant that sets the seed and nothing else ({s1: {seed: 1}}): its cells are
+    replicas of one cell over seeds. One that also sets anything else is a cell of its own."""
+    return bool(variant_overrides) and {key for key, _ in variant_overrides} == {PARAM_SEED}
+
+
 def _plan_axes(spec: "RunSpec") -> CellAxes:
     return CellAxes(attention=spec.axes["attention"],
                     qk_norm=_bool_or_none(spec.axes.get("qk_norm")),
                     smoothing=spec.axes.get("smoothing"), tokens_per_step=spec.tps,
                     tps_label=spec.axes.get("tps"), variant=spec.axes.get("variant"),
-                    quant=spec.axes.get("quant"))
+                    quant=spec.axes.get("quant"),
+                    seed_replica=is_seed_replica(spec.variant_overrides))
 
 
 def select_grid(client: "MlflowClient", tracking_uri: str, plan: "Plan") -> Selection:
@@ -271,10 +285,11 @@ def select_grid(client: "MlflowClient", tracking_uri: str, plan: "Plan") -> Sele
     for spec in plan.runs:
         run = by_name.pop(spec.name, None)
         if run is None:
-            records.append(RunRecord(spec.name, _plan_axes(spec), PENDING, total_steps=spec.steps))
+            records.append(RunRecord(spec.name, _plan_axes(spec), PENDING, total_steps=spec.steps,
+                                     seed=spec.seed))
         else:
             records.append(read_record(client, run, axes=_plan_axes(spec), total_steps=spec.steps,
-                                       notes=_older_note(spec.name, older)))
+                                       seed=spec.seed, notes=_older_note(spec.name, older)))
     for run in by_name.values():   # logged under the grid, but not a cell of this manifest now
         records.append(read_record(client, run, notes=("not a cell of the manifest",)))
     return Selection(experiment, records, parent.info.run_id, f"grid {grid}", notes)

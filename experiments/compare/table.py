@@ -1,9 +1,10 @@
 """The comparison itself, a pure function of RunRecords: one row of numbers per cell.
 
 Matching FPA cell (the baseline of a SageBwd cell's gap): an FPA cell with the same TPS
-and the same free-axis variant. QK-norm and smoothing are SageBwd's own knobs, so they
-are not part of the match; when a grid has several FPA cells at that TPS, the one with the
-same qk_norm wins, then the one that has logged steps, then the first in grid order.
+and the same free-axis variant, where a variant that only sets the seed counts as no
+variant. QK-norm and smoothing are SageBwd's own knobs, so they are not part of the match;
+when a grid has several FPA cells at that TPS, the one with the same seed wins, then the
+one with the same qk_norm, then the one that has logged steps, then the first in grid order.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from experiments.compare.records import PENDING, Curve, RunRecord
+from experiments.compare.records import PENDING, CellAxes, Curve, RunRecord
 
 SMOOTHING_ORDER = {"none": 0, "k": 1, "qk": 2}
 NO_VALUE = "—"
@@ -42,9 +43,10 @@ def matching_fpa(record: RunRecord, records: list[RunRecord]) -> RunRecord | Non
     if a.attention == "fpa":
         return None
     candidates = [r for r in records if r.axes.attention == "fpa" and r.axes.tps == a.tps
-                  and r.axes.variant == a.variant]
+                  and r.axes.cell_variant == a.cell_variant]
     # sorted() is stable: ties keep grid order
-    ranked = sorted(candidates, key=lambda r: (r.axes.qk_norm != a.qk_norm, not r.loss))
+    ranked = sorted(candidates, key=lambda r: (r.seed != record.seed, r.axes.qk_norm != a.qk_norm,
+                                               not r.loss))
     return ranked[0] if ranked else None
 
 
@@ -99,7 +101,7 @@ COLUMNS = ("cell", "TPS", "attention", "QK-norm", "smoothing", "status", "steps"
            "train loss", "best eval", "Δ vs FPA", "diverged", "tokens/s", "MFU")
 
 
-def _number(value: float | None, fmt: str) -> str:
+def number(value: float | None, fmt: str) -> str:
     if value is None:
         return NO_VALUE
     return "nan" if math.isnan(value) else format(value, fmt)
@@ -116,7 +118,7 @@ def _gap(row: CellRow) -> str:
         return "baseline"
     if row.baseline is None:
         return "no FPA cell"
-    return _number(row.gap, "+.4f")
+    return number(row.gap, "+.4f")
 
 
 def _diverged(row: CellRow) -> str:
@@ -125,15 +127,19 @@ def _diverged(row: CellRow) -> str:
     return f"yes, step {row.diverged_at:,}" if row.diverged_at is not None else "no"
 
 
-def row_cells(row: CellRow) -> list[str]:
-    a = row.record.axes
+def axis_cells(a: CellAxes) -> list[str]:
+    """The TPS, attention, QK-norm and smoothing columns (smoothing only for SageBwd)."""
     sage = a.attention == "sagebwd"
     qk_norm = NO_VALUE if a.qk_norm is None else ("on" if a.qk_norm else "off")
-    return [row.record.name, a.tps, a.sage_label if sage else a.attention.upper(), qk_norm,
-            (a.smoothing or NO_VALUE) if sage else NO_VALUE, row.record.status.lower(),
-            _steps(row), _number(row.final_loss, ".4f"), _number(row.best_eval_loss, ".4f"),
-            _gap(row), _diverged(row), _number(row.tokens_per_s, ",.0f"),
-            _number(row.mfu, ".1%")]
+    return [a.tps, a.sage_label if sage else a.attention.upper(), qk_norm,
+            (a.smoothing or NO_VALUE) if sage else NO_VALUE]
+
+
+def row_cells(row: CellRow) -> list[str]:
+    return [row.record.name, *axis_cells(row.record.axes), row.record.status.lower(),
+            _steps(row), number(row.final_loss, ".4f"), number(row.best_eval_loss, ".4f"),
+            _gap(row), _diverged(row), number(row.tokens_per_s, ",.0f"),
+            number(row.mfu, ".1%")]
 
 
 def format_table(rows: list[CellRow]) -> str:

@@ -49,6 +49,8 @@ class RunSpec:
     tps: int | None = None
     est_hours: float | None = None   # wall hours at the assumed MFU, None without a peak
     resumes_on_signal: bool = False  # commands only; for training the trainer's --resume decides
+    seed: int | None = None          # train runs: the run config's seed
+    variant_overrides: tuple[tuple[str, Any], ...] = ()   # what the cell's free-axis variant sets
 
     @property
     def world(self) -> int:
@@ -168,7 +170,7 @@ def _plan_train(plan: Plan, manifest: TrainManifest, check_paths: bool) -> list[
             base_config=manifest.base_config, overrides=tuple(sets),
             nodes=layout.nodes, procs_per_node=layout.procs_per_node,
             gpus_per_node=plan.node.gpus_per_node, layout=layout, steps=point.steps,
-            tps=point.tokens,
+            tps=point.tokens, seed=config.seed, variant_overrides=cell.variant_overrides,
             est_hours=estimated_hours(point.steps * point.tokens, flops, gpus,
                                       plan.node.bf16_peak_tflops)))
     return problems

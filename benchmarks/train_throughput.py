@@ -4,7 +4,9 @@ tokens/s, step ms, MFU and peak memory of one training step (forward, loss, back
 for FPA and SageBwd (K-smoothing), eager and compiled, with the old loss path ("plain": the
 whole micro-batch's logits out of the model, fp32 cross-entropy outside it, as
 `launcher.train.lm_loss`) and the new one ("chunked": `model.loss_impl=chunked`, the LM head
-and loss inside the model, model/loss.py) side by side, in one process on one device.
+and loss inside the model, model/loss.py), and with the trainer's old and new host reads
+(`--sync step`: the loss read every step; `log`: once per `train.log_every` steps, as
+launcher/step_metrics.py reads it now) side by side, in one process on one device.
 
 Default cases (issue 27): gpu-124m and gpu-325m at seq 4096 (micro-batch 4: 16,384 tokens per
 step), gpu-124m at seq 16384 (micro-batch 1). Pick others with `--case CONFIG[@SEQ[xMICRO]]`
@@ -16,8 +18,10 @@ in bf16 on CUDA, fp32 on the CPU; `torch.compile` of the whole model as `train.c
 plus what the trainer adds around it: the tokens copied from pinned host memory each step,
 an optimizer step as DeepSpeed ZeRO-1 runs it on one GPU (fp32 master weights: the bf16
 gradients cast to fp32, clipped to the global norm, fused AdamW, the bf16 weights copied back;
-`--optimizer none` leaves it out) and one host sync per step for the loss (the trainer's
-`.item()`; `--no-step-sync` syncs only at the end of the timed steps). Data are random tokens
+`--optimizer none` leaves it out) and the loss read on the host as the trainer reads it
+(`--sync`; the rows of one case, attention, compile mode and loss share one model and its
+warm-up, then each times its own steps). DeepSpeed's own reads inside its ZeRO-1 step are not
+modelled (docs/benchmarks.md, "Host reads"). Data are random tokens
 of the config's vocabulary (seeded): speed does not depend on them, and nothing is read from
 disk. FLOPs per token and the peak table are launcher/throughput.py's; MFU is blank where no
 peak is known (the CPU, an unknown GPU; `--peak-tflops` sets one).
@@ -85,6 +89,7 @@ class Row:
     attention: str
     compile: str
     loss: str
+    sync: str = "log"
     seq_len: int = 0
     micro_batch: int = 0
     tokens_per_step: int = 0
@@ -93,7 +98,7 @@ class Row:
     mfu: float | None = None
     peak_memory_gib: float | None = None
     first_loss: float | None = None     # step 1's loss: plain and chunked should agree
-    warmup_s: float | None = None       # compilation included
+    warmup_s: float | None = None       # compilation included (shared by the sync rows)
     error: str | None = None
     extra: dict = field(default_factory=dict)
 
@@ -139,11 +144,14 @@ class MasterAdamW:
                 m.grad = None
 
 
-def run_row(row: Row, config: RunConfig, steps: int, warmup: int, optimizer: bool,
-            step_sync: bool, compile_backend: str, peak: float | None) -> None:
+def run_rows(rows: list[Row], config: RunConfig, steps: int, warmup: int, optimizer: bool,
+             compile_backend: str, peak: float | None) -> None:
+    """One model, compiled and warmed up once; then `steps` timed steps per row, which differ
+    only in when the host reads the loss (Row.sync)."""
     from launcher.train import lm_loss   # the trainer's loss on the model's logits
     from model import Llama
 
+    first = rows[0]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -152,13 +160,14 @@ def run_row(row: Row, config: RunConfig, steps: int, warmup: int, optimizer: boo
     model = Llama(m).to(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
     opt = MasterAdamW(model, config) if optimizer else None
     forward = model
-    if row.compile != "none":
+    if first.compile != "none":
         forward = torch.compile(model, backend=compile_backend,
-                                **({} if row.compile == "default" else {"mode": row.compile}))
+                                **({} if first.compile == "default" else {"mode": first.compile}))
     micro, seq = config.train.micro_batch_size, m.seq_len
     g = torch.Generator().manual_seed(config.seed)
     batches = [torch.randint(0, m.vocab_size, (micro, seq + 1), generator=g) for _ in range(2)]
-    row.seq_len, row.micro_batch, row.tokens_per_step = seq, micro, micro * seq
+    for row in rows:
+        row.seq_len, row.micro_batch, row.tokens_per_step = seq, micro, micro * seq
 
     def to_device(t):
         return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
@@ -166,9 +175,9 @@ def run_row(row: Row, config: RunConfig, steps: int, warmup: int, optimizer: boo
     def step(i: int) -> torch.Tensor:
         tokens = to_device(batches[i % len(batches)])
         x, y = tokens[:, :-1], tokens[:, 1:]
-        if row.compile == "reduce-overhead":
+        if first.compile == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        if row.loss == "plain":
+        if first.loss == "plain":
             loss = lm_loss(forward(x), y)
         else:
             loss = forward(x, targets=y)
@@ -185,24 +194,29 @@ def run_row(row: Row, config: RunConfig, steps: int, warmup: int, optimizer: boo
             torch.cuda.synchronize()
 
     start = time.perf_counter()
-    for i in range(warmup):
-        loss = step(i).item()
-        if i == 0:
-            row.first_loss = loss
+    first_loss = step(0).item()
+    for i in range(1, warmup):
+        step(i)
     sync()
-    row.warmup_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for i in range(steps):
-        loss = step(warmup + i)
-        if step_sync:
-            loss.item()   # the trainer reads every step's loss (its NaN guard and metrics)
-    sync()
-    row.step_ms = (time.perf_counter() - start) * 1000.0 / steps
-    row.tokens_per_s = row.tokens_per_step / row.step_ms * 1000.0
-    if peak:
-        row.mfu = mfu(row.tokens_per_s, train_flops_per_token(m), peak)
-    if device.type == "cuda":
-        row.peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30
+    warmup_s = time.perf_counter() - start
+    done = warmup
+    for row in rows:
+        # the trainer's reads: every step before launcher/step_metrics.py, now at its log points
+        read_every = 1 if row.sync == "step" else config.train.log_every
+        start = time.perf_counter()
+        for i in range(done, done + steps):
+            loss = step(i)
+            if (i + 1) % read_every == 0:
+                loss.item()
+        sync()
+        done += steps
+        row.step_ms = (time.perf_counter() - start) * 1000.0 / steps
+        row.tokens_per_s = row.tokens_per_step / row.step_ms * 1000.0
+        row.first_loss, row.warmup_s = first_loss, warmup_s
+        if peak:
+            row.mfu = mfu(row.tokens_per_s, train_flops_per_token(m), peak)
+        if device.type == "cuda":
+            row.peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30
 
 
 def cleanup() -> None:
@@ -233,18 +247,18 @@ def fmt(value, spec: str) -> str:
 
 def table(rows: list[Row]) -> str:
     """Markdown table; `x plain` is the row's tokens/s over the plain-loss row of the same
-    case, attention and compile mode."""
-    base = {(r.config, r.seq_len, r.micro_batch, r.attention, r.compile): r.tokens_per_s
+    case, attention, compile mode and sync."""
+    base = {(r.config, r.seq_len, r.micro_batch, r.attention, r.compile, r.sync): r.tokens_per_s
             for r in rows if r.loss == "plain" and r.tokens_per_s}
-    lines = ["| config | seq x micro | attention | compile | loss | step ms | tokens/s | x plain "
-             "| MFU | peak GiB | step-1 loss | error |", "|" + "---|" * 12]
+    lines = ["| config | seq x micro | attention | compile | loss | sync | step ms | tokens/s "
+             "| x plain | MFU | peak GiB | step-1 loss | error |", "|" + "---|" * 13]
     for r in rows:
-        ref = base.get((r.config, r.seq_len, r.micro_batch, r.attention, r.compile))
+        ref = base.get((r.config, r.seq_len, r.micro_batch, r.attention, r.compile, r.sync))
         speedup = r.tokens_per_s / ref if ref and r.tokens_per_s else None
         name = r.config.rsplit("/", 1)[-1].removesuffix(".yaml")
         lines.append(
             f"| {name} | {r.seq_len} x {r.micro_batch} | {r.attention} | {r.compile} | {r.loss} "
-            f"| {fmt(r.step_ms, '.2f')} | {fmt(r.tokens_per_s, ',.0f')} | {fmt(speedup, '.3f')} "
+            f"| {r.sync} | {fmt(r.step_ms, '.2f')} | {fmt(r.tokens_per_s, ',.0f')} | {fmt(speedup, '.3f')} "
             f"| {fmt(r.mfu and 100 * r.mfu, '.1f')}{'%' if r.mfu else ''} "
             f"| {fmt(r.peak_memory_gib, '.2f')} | {fmt(r.first_loss, '.4f')} | {r.error or ''} |")
     return "\n".join(lines)
@@ -270,8 +284,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="untimed steps first (default: 2 eager, 4 compiled)")
     p.add_argument("--quick", action="store_true", help="2 timed steps after 1 warm-up (2 compiled)")
     p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw")
-    p.add_argument("--no-step-sync", dest="step_sync", action="store_false",
-                   help="do not read the loss every step (the trainer does)")
+    p.add_argument("--sync", nargs="+", choices=("step", "log"), default=["log"],
+                   help="when the host reads the loss: every step (the trainer before its reads "
+                   "were batched) or once per train.log_every steps (the trainer now; default)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="dense bf16 peak for MFU (default: launcher/throughput.py's table)")
     p.add_argument("--out", help="write the rows and the environment as JSON here")
@@ -295,27 +310,31 @@ def main(argv: list[str] | None = None) -> int:
         for attention in args.attention:
             for mode in args.compile:
                 for loss in args.loss:
-                    row = Row(case.config, attention, mode, loss)
+                    group = [Row(case.config, attention, mode, loss, sync) for sync in args.sync]
                     warmup = args.warmup if args.warmup is not None else (
                         (1 if mode == "none" else 2) if args.quick else (2 if mode == "none" else 4))
                     sets = [*case.overrides(), *ATTENTIONS[attention], f"model.loss_impl={loss}",
                             *args.overrides]
                     try:
                         config = load_run_config(case.config, sets)
-                        run_row(row, config, args.steps, max(warmup, 1), args.optimizer == "adamw",
-                                args.step_sync, args.compile_backend, peak)
+                        run_rows(group, config, args.steps, max(warmup, 1),
+                                 args.optimizer == "adamw", args.compile_backend, peak)
                     except ConfigError as err:
-                        row.error = f"config: {err}".replace("\n", " ")
+                        for row in group:
+                            row.error = f"config: {err}".replace("\n", " ")
                     except Exception as err:  # noqa: BLE001 - one row's failure must not end the table
-                        row.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
-                        row.extra["traceback"] = traceback.format_exc(limit=-3)
+                        for row in (r for r in group if r.step_ms is None):   # the rows not timed
+                            row.error = (f"{type(err).__name__}: "
+                                         f"{str(err).splitlines()[0] if str(err) else ''}")[:300]
+                            row.extra["traceback"] = traceback.format_exc(limit=-3)
                     finally:
                         cleanup()
-                    rows.append(row)
-                    print(f"  {case.config} seq {row.seq_len} x {row.micro_batch} {attention} "
-                          f"compile={mode} loss={loss}: "
-                          + (f"{row.step_ms:.2f} ms, {row.tokens_per_s:,.0f} tok/s"
-                             if row.error is None else f"ERROR {row.error}"), flush=True)
+                    rows.extend(group)
+                    for row in group:
+                        print(f"  {case.config} seq {row.seq_len} x {row.micro_batch} {attention} "
+                              f"compile={mode} loss={loss} sync={row.sync}: "
+                              + (f"{row.step_ms:.2f} ms, {row.tokens_per_s:,.0f} tok/s"
+                                 if row.error is None else f"ERROR {row.error}"), flush=True)
     print(table(rows))
     if args.out:
         payload = {"environment": env, "peak_tflops": peak,

@@ -82,6 +82,30 @@ def init_process_group() -> None:
         skip_deepspeed_shm_comm()
 
 
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` is set on any rank, the same answer on every rank. The all-reduce runs
+    in host memory (gloo), so asking every step never waits for the device's queue."""
+    if world_size() == 1:
+        return flag
+    votes = torch.tensor([int(flag)])
+    dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=_host_memory_group())
+    return bool(votes.item())
+
+
+_gloo_beside_nccl: dist.ProcessGroup | None = None
+
+
+def _host_memory_group() -> dist.ProcessGroup | None:
+    """None (the default group) where it is gloo already; beside NCCL a gloo group, made on
+    first use (new_group is collective: every rank votes at the same steps)."""
+    global _gloo_beside_nccl
+    if dist.get_backend() == "gloo":
+        return None
+    if _gloo_beside_nccl is None:
+        _gloo_beside_nccl = dist.new_group(backend="gloo")
+    return _gloo_beside_nccl
+
+
 def shutdown_process_group() -> None:
     """Destroy the process group at the end of a command-line run.
 
@@ -92,9 +116,11 @@ def shutdown_process_group() -> None:
     last collective aborted the same way (seen once more in CI, the DP=2 run under DeepSpeed's
     own launcher, after all six steps had finished).
     """
+    global _gloo_beside_nccl
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    _gloo_beside_nccl = None
 
 
 def skip_deepspeed_shm_comm() -> None:

@@ -98,10 +98,12 @@ class JournaledRun:
         self.background.start()
 
     # -- the MlflowRun calls ------------------------------------------------------------------
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+    def log_metrics(self, step: int, metrics: dict[str, float], ts_ms: int | None = None) -> None:
+        """ts_ms: when the step ran, if it is logged later (the trainer reads its steps' values
+        in batches); now by default."""
         if step <= self.logged_through:
             return
-        self.journal.append({"op": "metrics", "step": step, "ts": _now_ms(),
+        self.journal.append({"op": "metrics", "step": step, "ts": ts_ms or _now_ms(),
                              "values": {k: float(v) for k, v in metrics.items()}})
 
     def flush(self) -> None:

@@ -1,7 +1,8 @@
 """SIGTERM and SIGUSR1 ask the run to checkpoint and exit at the end of the current step.
 
 The handler only sets a flag: saving inside a handler could interrupt a collective. Ranks
-agree on stopping through the per-step all-reduce (a signal may reach only some ranks).
+agree on stopping through a per-step vote in host memory (launcher.distributed.any_rank; a
+signal may reach only some ranks).
 """
 from __future__ import annotations
 

@@ -11,24 +11,25 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from launcher import checkpoint, run_identity
 from launcher.config import RunConfig, load_run_config
 from launcher.cpu_memory import reuse_freed_memory
 from launcher.data import Batch, build_batches
-from launcher.distributed import (broadcast_object, init_process_group, rank, shutdown_process_group,
-                                  sequence_parallel_group, world_size)
+from launcher.distributed import (any_rank, broadcast_object, init_process_group, rank,
+                                  shutdown_process_group, sequence_parallel_group, world_size)
 from launcher.engine import build_engine
 from launcher.job_env import ENV_NODE
 from launcher.layout import Layout, resolve_layout
 from launcher.logs import configure_logging
 from launcher.overrides import ConfigError
 from launcher.signals import StopRequest
+from launcher.step_metrics import (PendingStep, as_float64, is_read_point, read_metrics,
+                                   world_mean)
 from launcher.throughput import device_peak_tflops, memory_gib, mfu, train_flops_per_token
 from launcher.journal import default_journal_dir
 from launcher.journaled_run import JournaledRun
@@ -114,16 +115,7 @@ class Shard:
         return engine(x, start_pos=self.start, targets=y)
 
 
-def world_mean(values: list[float], device) -> list[float]:
-    """Mean of each value over all ranks (one all-reduce)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if world_size() > 1:
-        dist.all_reduce(t)
-        t /= world_size()
-    return t.tolist()
-
-
-def _plain_grad_norm(engine) -> float | None:
+def _plain_grad_norm(engine) -> torch.Tensor | None:
     """Pre-clip global grad norm when DeepSpeed will not report one.
 
     With fp32 and no ZeRO the engine clips module grads in place but leaves
@@ -133,21 +125,25 @@ def _plain_grad_norm(engine) -> float | None:
     if engine.zero_optimization() or engine.bfloat16_enabled() or engine.fp16_enabled():
         return None
     norms = [p.grad.norm() for p in engine.module.parameters() if p.grad is not None]
-    return torch.stack(norms).norm().item() if norms else 0.0
+    return torch.stack(norms).norm() if norms else torch.zeros((), device=engine.device)
 
 
-def evaluate(engine, batches: Iterable[Batch], shard: Shard) -> float:
+def evaluate(engine, batches: list[Batch], shard: Shard) -> float:
+    """The world's mean loss over the eval batches; the host reads it once, at the end."""
     engine.eval()
+    total = torch.zeros((), dtype=torch.float64, device=shard.device)
     with torch.no_grad():
-        losses = [shard.loss(engine, batch).item() for batch in batches]
+        for batch in batches:   # float64 sums, in order: the sum of the batches' float() values
+            total += shard.loss(engine, batch).double()
     engine.train()
-    return world_mean([sum(losses) / len(losses)], shard.device)[0]
+    return world_mean(total / len(batches)).item()
 
 
 def train_step(engine, batches: Iterator[Batch], accum_steps: int,
-               shard: Shard) -> tuple[float, float]:
+               shard: Shard) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step over `accum_steps` micro-batches -> (this rank's mean loss,
-    pre-clip grad norm).
+    pre-clip grad norm), float64 scalars on the device: nothing here waits for the device
+    (launcher/step_metrics.py says why; the loop reads them at its read points).
 
     engine.step() is called after every micro-batch; DeepSpeed only updates the weights (and
     the lr schedule) at the accumulation boundary, and scales the loss by 1/accum_steps.
@@ -162,9 +158,22 @@ def train_step(engine, batches: Iterator[Batch], accum_steps: int,
         engine.step()
         loss_sum += loss.detach()
     if grad_norm is None:
-        norm = engine.get_global_grad_norm()
-        grad_norm = float(norm) if norm is not None else float("nan")
-    return loss_sum.item() / accum_steps, grad_norm
+        grad_norm = engine.get_global_grad_norm()
+    return loss_sum.double() / accum_steps, as_float64(grad_norm, engine.device)
+
+
+def step_metrics(done: PendingStep, loss: float, grad_norm: float, step_s: float,
+                 layout: Layout, peak: float | None, flops_per_token: float) -> dict[str, float]:
+    """One step's logged metrics. step_s: the mean step time of the steps read together (the
+    host does not see when each one finished on the device)."""
+    per_device = layout.tokens_per_step / step_s / layout.world
+    metrics = {"loss": loss, "lr": done.lr, "grad_norm": grad_norm,
+               "tokens_per_s": layout.tokens_per_step / step_s,
+               "tokens_per_s_per_gpu": per_device, "tokens_seen": done.tokens_seen,
+               "memory_gib": done.memory_gib}
+    if peak:
+        metrics["mfu"] = mfu(per_device, flops_per_token, peak)
+    return metrics
 
 
 def say_now(line: str) -> None:
@@ -290,40 +299,60 @@ def train(config: RunConfig, *, resume: str = "none",
         if tracker:
             say(f"[{name}] checkpoint saved at step {step}: {where}")
 
+    def stop_diverged(done: PendingStep, metrics: dict[str, float]) -> None:
+        result.diverged_at = done.step
+        kept = (f"the last good checkpoint is step {saved_step} in "
+                f"{config.checkpoint.dir}" if saved_step else "no checkpoint was saved")
+        say(f"[{name}] loss {metrics['loss']}, grad norm {metrics['grad_norm']} at step "
+            f"{done.step}: stopping (diverged); {kept}. Lower optimizer.lr or raise "
+            "schedule.warmup_steps before resuming")
+        if tracker:
+            tracker.log_metrics(done.step, metrics, done.time_ms)
+            tracker.set_tags({"diverged_at_step": str(done.step)})
+
+    def take_in(read: list[PendingStep], values: list[tuple[float, float]],
+                step_s: float) -> dict[str, float] | None:
+        """Record and log the steps just read, in order, but for the last one, whose metrics
+        come back for its eval and progress line. The first non-finite step stops the run:
+        it is logged and reported as before, the steps after it are dropped (None back)."""
+        for done, (loss, grad_norm) in zip(read, values):
+            metrics = step_metrics(done, loss, grad_norm, step_s, layout, peak, flops_per_token)
+            result.train_loss.append((done.step, loss))
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                stop_diverged(done, metrics)
+                return None
+            if done is not read[-1] and tracker:
+                tracker.log_metrics(done.step, metrics, done.time_ms)
+        return metrics
+
     status = "FAILED"
     started = time.perf_counter()
     step_seconds, timed_steps = 0.0, 0
+    pending: list[PendingStep] = []   # steps whose values are still on the device
     try:
         for step in range(start_step + 1, config.train.steps + 1):
+            if not pending:
+                interval_start = time.perf_counter()
             lr = engine.get_lr()[0]  # the lr this step's update uses
-            t0 = time.perf_counter()
-            local_loss, grad_norm = train_step(engine, train_batches, layout.grad_accum, shard)
-            # One all-reduce per step: the world's mean loss, and whether any rank got a signal.
-            train_loss, stop_votes = world_mean([local_loss, float(stop.requested)],
-                                                engine.device)
-            dt = time.perf_counter() - t0
-            if step > start_step + 1:  # the first step of a process includes warm-up
-                step_seconds, timed_steps = step_seconds + dt, timed_steps + 1
+            loss, grad_norm = train_step(engine, train_batches, layout.grad_accum, shard)
             tokens_seen += layout.tokens_per_step
-            per_device = layout.tokens_per_step / dt / layout.world
-            metrics = {"loss": train_loss, "lr": lr, "grad_norm": grad_norm,
-                       "tokens_per_s": layout.tokens_per_step / dt,
-                       "tokens_per_s_per_gpu": per_device, "tokens_seen": tokens_seen,
-                       "memory_gib": memory_gib()}
-            if peak:
-                metrics["mfu"] = mfu(per_device, flops_per_token, peak)
-            result.train_loss.append((step, train_loss))
-
-            if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
-                result.diverged_at = step
-                kept = (f"the last good checkpoint is step {saved_step} in "
-                        f"{config.checkpoint.dir}" if saved_step else "no checkpoint was saved")
-                say(f"[{name}] loss {train_loss}, grad norm {grad_norm} at step {step}: "
-                    f"stopping (diverged); {kept}. Lower optimizer.lr or raise "
-                    "schedule.warmup_steps before resuming")
-                if tracker:
-                    tracker.log_metrics(step, metrics)
-                    tracker.set_tags({"diverged_at_step": str(step)})
+            pending.append(PendingStep(step, loss, grad_norm, lr, tokens_seen, memory_gib(),
+                                       time_ms=int(time.time() * 1000)))
+            # Every step, whether any rank got a signal: a vote in host memory (no device wait),
+            # so a stop still comes at the end of the step it was asked in.
+            stop_voted = any_rank(stop.requested)
+            if not (stop_voted or is_read_point(config, step, start_step + 1)):
+                continue
+            # The NaN guard sees the steps since the last read point only now: a non-finite step
+            # stops the run here, at most one read interval after it, and is reported as the
+            # step it happened at. No checkpoint is saved in between (checkpoints are read points).
+            read, pending = pending, []
+            values = read_metrics(read)   # the host waits for the device here, once for them all
+            dt = time.perf_counter() - interval_start
+            if read[0].step > start_step + 1:  # the first step of a process includes warm-up
+                step_seconds, timed_steps = step_seconds + dt, timed_steps + len(read)
+            metrics = take_in(read, values, dt / len(read))
+            if metrics is None:
                 break
 
             is_last = step == config.train.steps
@@ -331,13 +360,13 @@ def train(config: RunConfig, *, resume: str = "none",
                 metrics["eval_loss"] = evaluate(engine, eval_batches, shard)
                 result.eval_loss.append((step, metrics["eval_loss"]))
             if tracker:
-                tracker.log_metrics(step, metrics)
+                tracker.log_metrics(step, metrics, read[-1].time_ms)
                 if step % config.tracking.flush_every == 0:
                     tracker.flush()
             if tracker and (step == start_step + 1 or step % config.train.log_every == 0
                             or is_last):
                 say(progress_line(name, step, config.train.steps, metrics))
-            if stop_votes > 0:
+            if stop_voted:
                 save_checkpoint(step)
                 result.stopped_by = stop.signal_name or "a peer rank's signal"
                 if tracker:

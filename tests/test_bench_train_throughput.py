@@ -27,6 +27,20 @@ def test_tiny_table_and_json(tmp_path, capsys):
     assert data["environment"]["device"] == "cpu" and rows[0]["mfu"] is None
 
 
+def test_sync_rows_share_one_model_and_its_warm_up(tmp_path, capsys):
+    """--sync step log: the trainer's old and new host reads, timed on one warmed-up model."""
+    out = tmp_path / "bench.json"
+    argv = ["--config", "experiments/configs/cpu-tiny.yaml", "--quick", "--attention", "fpa",
+            "--compile", "none", "--loss", "chunked", "--sync", "step", "log", *SMALL,
+            "--out", str(out)]
+    assert train_throughput.main(argv) == 0
+    assert "| cpu-tiny | 128 x 1 | fpa | none | chunked | step |" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["sync"] for r in rows] == ["step", "log"]
+    assert rows[0]["warmup_s"] == rows[1]["warmup_s"] and rows[0]["first_loss"] == rows[1]["first_loss"]
+    assert all(r["error"] is None and r["tokens_per_s"] > 0 for r in rows)
+
+
 def test_a_failing_row_is_recorded_and_the_table_goes_on(tmp_path, capsys):
     out = tmp_path / "bench.json"
     # seq 96 is not a multiple of sagebwd's 128-row tiles: that row fails, fpa's runs

@@ -27,9 +27,43 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
     monkeypatch.setattr(train_module, "lm_loss", loss_that_breaks_at_step_5)
     said = []
     result = train_module.train(config, say=said.append)
+    # found at step 6, the read point after it (a checkpoint: never saved before it is read)
+    assert len(calls) == 6
     assert result.diverged_at == 5 and len(result.train_loss) == 5
     message = next(line for line in said if "diverged" in line)
     assert "step 5" in message and "last good checkpoint is step 4" in message
     assert (tmp_path / "ckpt" / "latest").read_text() == "step00000004"
     run = MlflowClient(uri).get_run(result.run_id)
     assert run.info.status == "FAILED" and run.data.tags["diverged_at_step"] == "5"
+
+
+def test_a_non_finite_step_between_read_points_is_reported_as_itself(tmp_path, monkeypatch):
+    """The loop reads the device at its read points only (here steps 1, 4 and 8): a NaN at step
+    2 stops the run at the read point after it, step 4, and is reported as step 2; steps 3
+    and 4, trained on the diverged weights, are neither logged nor kept."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = build_run_config({
+        "seed": 1, "model": {"preset": "micro"},
+        "train": {"steps": 8, "micro_batch_size": 2, "log_every": 4},
+        "eval": {"every": 100, "batches": 1},
+        "tracking": {"experiment": "guard", "tracking_uri": uri, "system_metrics": False}})
+    real_loss, calls = train_module.lm_loss, []
+
+    def loss_that_breaks_at_step_2(logits, targets):
+        calls.append(1)
+        loss = real_loss(logits, targets)
+        return loss * math.nan if len(calls) == 2 else loss
+
+    monkeypatch.setattr(train_module, "lm_loss", loss_that_breaks_at_step_2)
+    said = []
+    result = train_module.train(config, say=said.append)
+    assert len(calls) == 4   # it stopped at the read point after the bad step
+    assert result.diverged_at == 2 and [s for s, _ in result.train_loss] == [1, 2]
+    assert math.isnan(result.train_loss[1][1])
+    message = next(line for line in said if "diverged" in line)
+    assert "at step 2" in message and "no checkpoint was saved" in message
+    client = MlflowClient(uri)
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FAILED" and run.data.tags["diverged_at_step"] == "2"
+    losses = sorted((m.step, m.value) for m in client.get_metric_history(result.run_id, "loss"))
+    assert [s for s, _ in losses] == [1, 2] and math.isnan(losses[1][1])

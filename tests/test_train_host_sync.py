@@ -1,0 +1,151 @@
+"""The step loop reads the device only at its read points (launcher/step_metrics.py), and logs
+what the trainer logged when it read every step's loss (one CPU rank, in-process).
+
+Host reads are counted by wrapping torch.Tensor's read methods and attributing each call to the
+first caller outside torch: calls from launcher/, model/ and sagebwd/ count; DeepSpeed's own
+(its ZeRO step reads the grad norm, see docs/benchmarks.md) do not. Reads inside C++ (a boolean
+mask's indexing, nonzero) are not seen this way.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import launcher.train as train_module
+from launcher.config import build_run_config
+from launcher.journal import Journal
+
+GOLDEN = Path(__file__).parent / "golden" / "train_metrics_cpu.json"
+# Read points: step 1 (first), 5 and 10 (eval), 7 (log), 8 (checkpoint), 10 (last): the
+# steps 2-4, 6 and 9 are read together with the read point after them.
+GOLDEN_RUN = {
+    "seed": 1, "model": {"preset": "micro", "qk_norm": True},
+    "optimizer": {"lr": 3e-3}, "schedule": {"warmup_steps": 2},
+    "train": {"steps": 10, "micro_batch_size": 2, "grad_accum_steps": 2, "log_every": 7},
+    "eval": {"every": 5, "batches": 2},
+    "checkpoint": {"every": 8},
+    "tracking": {"experiment": "golden", "system_metrics": False, "run_name": "golden"},
+}
+READ_POINTS = [1, 5, 7, 8, 10]
+COMPARED = ("loss", "lr", "grad_norm", "tokens_seen", "eval_loss")   # the rest are timings
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__format__")
+OURS = ("launcher", "model", "sagebwd")
+
+
+def run(tmp_path: Path, *, model=None, **train) -> tuple[object, dict, list[str]]:
+    """-> (RunResult, {step: the compared metrics from the journal}, progress lines)."""
+    raw = json.loads(json.dumps(GOLDEN_RUN))
+    raw["model"].update(model or {})
+    raw["train"].update(train)
+    raw["checkpoint"]["dir"] = str(tmp_path / "ckpt")
+    raw["tracking"]["tracking_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    said = []
+    result = train_module.train(build_run_config(raw), say=said.append)
+    metrics = {str(r["step"]): {k: v for k, v in r["values"].items() if k in COMPARED}
+               for r in Journal(tmp_path / "ckpt" / "tracking").records() if r["op"] == "metrics"}
+    progress = [line.split(" grad_norm")[0] for line in said if " grad_norm " in line]
+    return result, metrics, progress
+
+
+@pytest.fixture(scope="module")
+def batched(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("batched"))
+
+
+def test_logged_values_match_the_golden_of_the_every_step_reads(batched):
+    """The golden was captured from the unmodified trainer (commit 412ff0c, which read the loss
+    and grad norm every step) on the machine, torch and thread count it names. There the
+    values must be identical; elsewhere CPU kernels may round otherwise, so fp32 rounding."""
+    golden = json.loads(GOLDEN.read_text())
+    result, metrics, progress = batched
+    same_machine = (golden["torch"], golden["cpu_capability"], golden["threads"]) == (
+        torch.__version__, torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
+    if same_machine:
+        assert metrics == golden["metrics"]
+        assert progress == golden["progress"]
+        assert [list(pair) for pair in result.eval_loss] == golden["eval_loss"]
+    else:
+        assert metrics == pytest.approx(golden["metrics"], rel=1e-5)
+    assert [s for s, _ in result.train_loss] == list(range(1, 11))
+    assert [v for _, v in result.train_loss] == [metrics[str(s)]["loss"] for s in range(1, 11)]
+
+
+def test_reading_every_step_logs_the_same_values(batched, tmp_path):
+    """log_every 1 makes every step a read point (the old reading pattern): the same numbers,
+    on any machine."""
+    result, metrics, _ = run(tmp_path, log_every=1)
+    assert metrics == batched[1]
+    assert result.train_loss == batched[0].train_loss and result.eval_loss == batched[0].eval_loss
+
+
+def count_host_reads(monkeypatch, steps_done) -> list[tuple[int, str, str]]:
+    """-> a list that fills with (steps done, calling module, method) for each read of a
+    tensor's value by our code."""
+    events = []
+
+    def caller_outside_torch() -> str:
+        frame = sys._getframe(2)
+        while frame and frame.f_globals.get("__name__", "").split(".")[0] == "torch":
+            frame = frame.f_back
+        return frame.f_globals.get("__name__", "") if frame else ""
+
+    for name in HOST_READS:
+        def read(self, *args, _original=getattr(torch.Tensor, name), _name=name, **kwargs):
+            module = caller_outside_torch()
+            if module.split(".")[0] in OURS:
+                events.append((steps_done(), module, _name))
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, read)
+    return events
+
+
+def test_the_step_loop_reads_the_device_only_at_read_points(monkeypatch, tmp_path):
+    """SageBwd (its simulation on the CPU) and the chunked loss: the model's GPU path, here."""
+    returned, reads_at = [], []
+    real_step, real_read = train_module.train_step, train_module.read_metrics
+
+    def step(*args):
+        returned.append(real_step(*args))
+        return returned[-1]
+
+    def read(steps):
+        reads_at.append(len(returned))
+        return real_read(steps)
+
+    monkeypatch.setattr(train_module, "train_step", step)
+    monkeypatch.setattr(train_module, "read_metrics", read)
+    events = count_host_reads(monkeypatch, lambda: len(returned))
+    result, _, _ = run(tmp_path, model={"attention": "sagebwd", "smoothing": "k",
+                                        "loss_impl": "chunked", "loss_chunk_tokens": 48})
+    assert result.diverged_at is None and len(result.train_loss) == 10
+    # each step hands back device tensors, not numbers: (loss, grad norm), float64 scalars
+    assert all(torch.is_tensor(t) and t.dtype == torch.float64 and t.dim() == 0
+               for pair in returned for t in pair)
+    assert reads_at == READ_POINTS
+    assert {done for done, _, _ in events} == set(READ_POINTS), events
+    # the hook sees the loop's one read: read_metrics' copy of the pending steps
+    assert ("launcher.step_metrics", "tolist") in {(m, how) for _, m, how in events}
+
+
+def test_a_stop_signal_between_read_points_ends_its_own_step(monkeypatch, tmp_path):
+    """SIGUSR1 during step 3 (not a read point): the step is read, checkpointed and the run
+    stops after it, as when every step was read (the vote costs no device read)."""
+    real_loss, calls = train_module.lm_loss, []
+
+    def loss_and_a_signal_in_step_3(logits, targets):
+        calls.append(1)
+        if len(calls) == 3 * GOLDEN_RUN["train"]["grad_accum_steps"]:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real_loss(logits, targets)
+
+    monkeypatch.setattr(train_module, "lm_loss", loss_and_a_signal_in_step_3)
+    result, metrics, _ = run(tmp_path)
+    assert result.stopped_by == "SIGUSR1" and result.diverged_at is None
+    assert [s for s, _ in result.train_loss] == [1, 2, 3] and sorted(metrics, key=int) == ["1", "2", "3"]
+    assert (tmp_path / "ckpt" / "latest").read_text() == "step00000003"

@@ -116,7 +116,10 @@ def time_impl(impl: str, shape, causal: bool, mode: str, tuning=None) -> dict:
     except Exception as err:  # noqa: BLE001  (an optional column must not stop the table)
         return baselines.failed_cell(err)
     del q, k, v, do
-    return time_runner(runner, shape, causal, mode, catch=(Exception,))
+    cell = time_runner(runner, shape, causal, mode, catch=(Exception,))
+    if hasattr(runner, "info"):
+        cell[impl.lower()] = runner.info()
+    return cell
 
 
 def time_runner(runner, shape, causal: bool, mode: str, catch=(RuntimeError,)) -> dict:
@@ -442,8 +445,8 @@ def baseline_accuracy(impls, quick: bool = False, shapes=ACCURACY_SHAPES) -> dic
                         row["rel_l2"] = {nm: _rel(a, r) for nm, a, r in zip(names, outs, refs)}
                         row["tolerance"] = tol
                         row["passed"] = tol is None or all(e <= tol for e in row["rel_l2"].values())
-                        if getattr(runner, "amax_check", None):
-                            row["amax_check"], row["notes"] = runner.amax_check, runner.notes
+                        if hasattr(runner, "info"):
+                            row[impl.lower()] = {**runner.info(), "amax_check": runner.amax_check}
                         del runner, outs
                     except Exception as err:  # noqa: BLE001
                         row.update(baselines.failed_cell(err))

@@ -347,7 +347,7 @@ class CudnnFp8Runner:
         self.handle = _HANDLE[key]
         if dev.type == "cuda":   # the handle runs on the stream do_bench times
             cudnn.set_stream(self.handle, torch.cuda.current_stream(dev).cuda_stream)
-        self.notes = []
+        self.notes, self.engines = [], []
         self.amax = {}
         t = self.t = {}
 
@@ -448,6 +448,10 @@ class CudnnFp8Runner:
         g.create_execution_plans([self.cudnn.heur_mode.A, self.cudnn.heur_mode.FALLBACK])
         g.check_support()
         g.build_plans()
+        try:   # which engine serves it (the backend's plan name, or a python engine's), for the JSON
+            self.engines.append(g.get_plan_name_at_index(getattr(g, "_plan_index", 0)))
+        except Exception as err:  # noqa: BLE001
+            self.engines.append(f"unknown ({type(err).__name__})")
         workspace = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device=self.device)
         return g, workspace
 
@@ -506,6 +510,10 @@ class CudnnFp8Runner:
         if self.training:
             held.append(self.bwd_ws)
         return sum(x.numel() * x.element_size() for x in held) / 2**20
+
+    def info(self) -> dict:
+        """For the JSON: the engines that serve the graphs, the amaxes the scales come from, notes."""
+        return {"engines": self.engines, "amax": dict(self.amax), **({"notes": self.notes} if self.notes else {})}
 
     def descale(self, uid) -> float:
         return 1.0 / float(self.t[{_Uid.O: _Uid.SCALE_O, _Uid.DQ: _Uid.SCALE_DQ, _Uid.DK: _Uid.SCALE_DK,

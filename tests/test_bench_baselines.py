@@ -402,3 +402,14 @@ def test_the_accuracy_table_says_what_each_row_is():
                         "| - | reported |")
     assert lines[3].endswith("| 4.0e-02 | 1.4e+00 | 1.0e-01 | 5.0e-02 | 0.25 | FAIL |")
     assert lines[4].endswith("| unsupported | - | unsupported |")
+
+
+def test_the_fp8_runner_reports_its_engines_and_amaxes(fake_cudnn):
+    _FakeGraph.get_plan_name_at_index = lambda self, i: f"eng{i}_{self.op}"
+    try:
+        q, k, v, do = (t.bfloat16() for t in _inputs((1, 2, 64, 128), seed=6))
+        info = baselines.make_runner("CUDNN-FP8", q, k, v, do, False).info()
+    finally:
+        del _FakeGraph.get_plan_name_at_index
+    assert info["engines"] == ["eng0_fwd", "eng0_bwd"]
+    assert set(info["amax"]) == {"q", "k", "v", "do", "o", "dq", "dk", "dv", "dp"} and "notes" not in info

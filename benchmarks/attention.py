@@ -658,6 +658,8 @@ def main(argv=None) -> int:
                     help="the baseline columns (default: all of " + " ".join(BASELINES) + "; also fa4, cudnn-fp8, "
                          "all). FA4 and CUDNN-FP8 need flash-attn-4 / nvidia-cudnn-frontend and say "
                          "'not installed' without them (docs/benchmarks.md)")
+    ap.add_argument("--shapes", nargs="+", type=_shape, metavar="B,H,N,D",
+                    help="the table's shapes (default: " + " ".join(",".join(map(str, s)) for s in SHAPES) + ")")
     ap.add_argument("--check-baselines", action="store_true",
                     help="only the columns' accuracy against fp64 attention (part of --check)")
     args = ap.parse_args(argv)
@@ -705,7 +707,8 @@ def main(argv=None) -> int:
         result["model_layout"] = model_layout_table(SHAPES[:2])
     if args.cuda_graph:
         result["cuda_graph"] = graph_vs_eager()
-    shapes = SHAPES[:1] if args.quick else SHAPES
+    shapes = args.shapes or SHAPES
+    shapes = shapes[:1] if args.quick else shapes
     if not args.no_bench:
         result["bench"] = benchmark(shapes, args.quick, tuple(SAGE_IMPLS[q] for q in args.quant), columns)
     result["kernels"] = kernel_report(tuple(args.quant))

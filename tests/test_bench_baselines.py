@@ -413,3 +413,10 @@ def test_the_fp8_runner_reports_its_engines_and_amaxes(fake_cudnn):
         del _FakeGraph.get_plan_name_at_index
     assert info["engines"] == ["eng0_fwd", "eng0_bwd"]
     assert set(info["amax"]) == {"q", "k", "v", "do", "o", "dq", "dk", "dv", "dp"} and "notes" not in info
+
+
+def test_bench_shapes_are_read_before_looking_for_a_gpu(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        attention.main(["--shapes", "8,8,4096,128", "8,8,4096"])
+    assert exit_info.value.code == 2
+    assert "'8,8,4096': expected four positive integers B,H,N,D" in capsys.readouterr().err

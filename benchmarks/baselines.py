@@ -271,11 +271,12 @@ def quantize_fp8(t: torch.Tensor):
 def backward_amax_bounds(shape, amax_q: float, amax_k: float, amax_v: float, amax_do: float) -> dict:
     """Bounds on |O|, |dP|, |dQ|, |dK|, |dV| from the inputs' amaxes (P rows sum to 1, columns to
     at most N; |dS| <= P |dP - delta| <= 2 P max|dP|): the scales of the calibration run, which
-    then cannot overflow; the timed runs use the amaxes that run reports."""
+    then cannot overflow; the timed runs use the amaxes that run reports. The "dp" bound is
+    2 max|dP|, which also bounds dS, should cuDNN's dP scale be the one it casts dS with."""
     _, _, n, d = shape
     attn_scale = 1.0 / math.sqrt(d)
     dp = d * amax_do * amax_v
-    return {"o": amax_v, "dp": dp, "dq": attn_scale * 2 * dp * amax_k, "dk": attn_scale * 2 * dp * amax_q * n,
+    return {"o": amax_v, "dp": 2 * dp, "dq": attn_scale * 2 * dp * amax_k, "dk": attn_scale * 2 * dp * amax_q * n,
             "dv": n * amax_do}
 
 

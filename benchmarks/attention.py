@@ -2,14 +2,19 @@
 
     python -m benchmarks.attention [--json PATH] [--check] [--kernel-times] [--sweep] [--diagnose] [--quick]
                                    [--once] [--kernels CHOICE] [--quant block token]
+                                   [--baselines FLASH CUDNN EFFICIENT FA4 CUDNN-FP8] [--check-baselines]
 
-Benchmark: forward, backward and forward+backward of SageBwd and of torch SDPA with the
-FLASH_ATTENTION (FA2), CUDNN_ATTENTION and EFFICIENT_ATTENTION backends; bf16; median of
+Benchmark: forward, backward and forward+backward of SageBwd and of the baselines
+(benchmarks/baselines.py): torch SDPA with the FLASH_ATTENTION (FA2), CUDNN_ATTENTION and
+EFFICIENT_ATTENTION backends, and, where their packages import, FlashAttention-4 (FA4, bf16) and
+cuDNN's FP8 attention (CUDNN-FP8, nvidia-cudnn-frontend; head dim 128 on Hopper), every column by
+default ("not installed" / "unsupported" in its cells otherwise); bf16 inputs; median of
 triton.testing.do_bench on random inputs; TFLOPS-equivalent by FlashAttention's convention
 (forward 4 B H N^2 D, half when causal; backward 2.5x forward); peak memory of one fwd+bwd.
 --check: kernels vs the simulation at real sizes (tests/kernel_checks.py's check_case: relative
-L2 of O, dQ, dK, dV, every output element written, 50 reruns bit-identical), and the error
-against full precision next to the simulation's (the sigma table in docs/sagebwd.md).
+L2 of O, dQ, dK, dV, every output element written, 50 reruns bit-identical), the error
+against full precision next to the simulation's (the sigma table in docs/sagebwd.md), and every
+column's O, dQ, dK, dV against fp64 attention (rel-L2; --check-baselines: that part alone).
 --kernels: which kernels run (sagebwd.triton.registry; default: the table's defaults).
 --sweep: times (num_warps, num_stages) per kernel, and the dK/dV block shape, at the target shapes.
 --kernel-times: per-kernel milliseconds of one forward+backward (torch.profiler).
@@ -27,8 +32,11 @@ import time
 
 import torch
 
+from benchmarks import baselines
+
 SHAPES = [(8, 16, 4096, 64), (8, 8, 4096, 128), (2, 16, 16384, 64)]
-BASELINES = ("FLASH", "CUDNN", "EFFICIENT")
+# The baseline columns (benchmarks/baselines.py; --baselines picks; by default every one).
+BASELINES = baselines.DEFAULT
 # SageBwd under each quantisation contract: "sage" is the paper's ("block"), "sage-token" the
 # per-token one; --quant picks which the benchmark times.
 SAGE_IMPLS = {"block": "sage", "token": "sage-token"}
@@ -89,37 +97,49 @@ def host_ms(step, leaves, n: int = 20) -> float:
 
 
 def time_impl(impl: str, shape, causal: bool, mode: str, tuning=None) -> dict:
-    """Median milliseconds of one mode, plus the peak memory of one forward+backward."""
-    import triton
+    """Median milliseconds of one mode, plus the host time and peak memory of one forward+backward.
+    impl: a SageBwd contract ('sage', 'sage-token') or a baseline column (benchmarks/baselines.py);
+    an optional column that does not run here returns its cell ("not installed", "unsupported")."""
     b, h, n, d = shape
+    optional = impl in baselines.OPTIONAL
+    if optional:
+        skip = baselines.skip_cell(impl, shape, torch.cuda.get_device_capability())
+        if skip:
+            return skip
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
-               for _ in range(3)]
-    do = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    fn = attention_fn(impl, causal, tuning)
+    q, k, v, do = [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4)]
+    if not optional:
+        return time_runner(baselines.AutogradRunner(attention_fn(impl, causal, tuning), q, k, v, do), shape, causal,
+                           mode)
+    try:   # layouts, FP8 casts, graph builds: before the timing
+        runner = baselines.make_runner(impl, q, k, v, do, causal, mode)
+    except Exception as err:  # noqa: BLE001  (an optional column must not stop the table)
+        return baselines.failed_cell(err)
+    del q, k, v, do
+    cell = time_runner(runner, shape, causal, mode, catch=(Exception,))
+    if hasattr(runner, "info"):
+        cell[impl.lower()] = runner.info()
+    return cell
+
+
+def time_runner(runner, shape, causal: bool, mode: str, catch=(RuntimeError,)) -> dict:
+    """Time one mode of a runner (benchmarks/baselines.py: forward(), backward_step(), step()):
+    fwd is a forward without grad, bwd the backward of a kept forward, fwd+bwd the two."""
+    import triton
+    grads = list(runner.leaves)
     try:
         if mode == "fwd":
-            with torch.no_grad():   # inference: what a forward alone costs
-                ms = triton.testing.do_bench(lambda: fn(q, k, v), return_mode="median")
+            ms = triton.testing.do_bench(runner.forward, return_mode="median")
         elif mode == "bwd":
-            o = fn(q, k, v)
-            ms = triton.testing.do_bench(lambda: o.backward(do, retain_graph=True), grad_to_none=[q, k, v],
-                                         return_mode="median")
+            ms = triton.testing.do_bench(runner.backward_step(), grad_to_none=grads, return_mode="median")
         else:
-            ms = triton.testing.do_bench(lambda: fn(q, k, v).backward(do), grad_to_none=[q, k, v],
-                                         return_mode="median")
-    except RuntimeError as err:   # e.g. a backend that does not take this shape
-        return {"ms": None, "error": str(err).splitlines()[0][:200]}
+            ms = triton.testing.do_bench(runner.step, grad_to_none=grads, return_mode="median")
+    except catch as err:   # e.g. a backend that does not take this shape
+        return baselines.failed_cell(err)
     out = {"ms": ms, "tflops": flops(shape, causal, mode) / ms * 1e-9}
     if mode == "fwd+bwd":
-        out["host_ms"] = host_ms(lambda: fn(q, k, v).backward(do), (q, k, v))
-        q.grad = k.grad = v.grad = None
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn(q, k, v).backward(do)
-        torch.cuda.synchronize()
-        out["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        out["host_ms"] = host_ms(runner.step, runner.leaves)
+        out["peak_mib"] = runner.peak_mib()
     return out
 
 
@@ -187,13 +207,13 @@ def model_layout_table(shapes) -> list[dict]:
     return rows
 
 
-def benchmark(shapes, quick: bool, sage_impls=tuple(SAGE_IMPLS.values())) -> list[dict]:
+def benchmark(shapes, quick: bool, sage_impls=tuple(SAGE_IMPLS.values()), columns=BASELINES) -> list[dict]:
     rows = []
     for shape in shapes:
         for causal in (True, False):
             for mode in MODES:
                 row = {"shape": list(shape), "causal": causal, "mode": mode}
-                for impl in tuple(sage_impls) + BASELINES:
+                for impl in tuple(sage_impls) + tuple(columns):
                     row[impl] = time_impl(impl, shape, causal, mode)
                 rows.append(row)
                 print(_format_row(row), flush=True)
@@ -202,49 +222,63 @@ def benchmark(shapes, quick: bool, sage_impls=tuple(SAGE_IMPLS.values())) -> lis
     return rows
 
 
+def _columns(row) -> tuple[list, list]:
+    """The SageBwd contracts and the baseline columns a row has, in the table's order."""
+    return ([i for i in SAGE_IMPLS.values() if i in row], [b for b in baselines.BASELINES if b in row])
+
+
 def _format_row(row) -> str:
+    sages, bases = _columns(row)
+
     def cell(r):
-        return f"{r['ms']:8.3f} ms {r['tflops']:6.1f}" if r.get("ms") else f"{'n/a':>18}"
-    sages = [i for i in SAGE_IMPLS.values() if i in row]
+        if r.get("ms"):
+            return f"{r['ms']:8.3f} ms {r['tflops']:6.1f}"
+        return f"{baselines.cell_text(r):>18}"
 
     def ratios(sage):
         return " ".join(f"{sage.get('ms') and row[b].get('ms') and row[b]['ms'] / sage['ms'] or float('nan'):5.2f}x"
-                        for b in BASELINES)
+                        for b in bases)
     host = ""
     if row["mode"] == "fwd+bwd":
         host = " | host ms " + "/".join(f"{row[i]['host_ms']:.2f}" if row[i].get("host_ms") else "n/a"
-                                        for i in (*sages, *BASELINES))
+                                        for i in (*sages, *bases))
         if any(row[i].get("host_ms") and row[i].get("ms") and row[i]["host_ms"] > 0.8 * row[i]["ms"] for i in sages):
             host += " (sage near launch-bound: its GPU time depends on the host)"
     return (f"{str(tuple(row['shape'])):20} {'causal' if row['causal'] else 'full':6} {row['mode']:8}"
             + "".join(f" | {i} {cell(row[i])}" for i in sages) + " | "
-            + " | ".join(f"{b} {cell(row[b])}" for b in BASELINES)
-            + "".join(f" | {i} speed-up vs {'/'.join(BASELINES)}: {ratios(row[i])}" for i in sages) + host)
+            + " | ".join(f"{b} {cell(row[b])}" for b in bases)
+            + "".join(f" | {i} speed-up vs {'/'.join(bases)}: {ratios(row[i])}" for i in sages) + host)
 
 
 def markdown_table(rows) -> str:
-    """One line per (shape, mask, pass): each contract's ms and TFLOPS, the baselines' ms, each
-    contract's speed-up over FLASH and CUDNN (baseline ms / SageBwd ms), peak memory."""
-    sages = [i for i in SAGE_IMPLS.values() if rows and i in rows[0]]
+    """One line per (shape, mask, pass): each contract's ms and TFLOPS, each baseline column's ms
+    (or "not installed" / "unsupported"), each contract's speed-up over every baseline but
+    EFFICIENT (baseline ms / SageBwd ms), peak MiB of one fwd+bwd (contracts, then those baselines)."""
+    sages, bases = _columns(rows[0]) if rows else ([], [])
+    ratio_bases = [b for b in bases if baselines.BASELINES[b].ratio]
     label = {v: f"SageBwd {k}" for k, v in SAGE_IMPLS.items()}
-    head = ("| (B,H,N,D) | mask | pass | " + " | ".join(f"{label[i]} ms | TFLOPS" for i in sages)
-            + " | FLASH ms | CUDNN ms | EFFICIENT ms | "
-            + " | ".join(f"{label[i]} ×FLASH | ×CUDNN" for i in sages)
-            + " | peak MiB " + " / ".join([label[i].split()[-1] for i in sages] + ["flash", "cudnn"]) + " |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    head = ["(B,H,N,D)", "mask", "pass"]
+    for i in sages:
+        head += [f"{label[i]} ms", "TFLOPS"]
+    head += [f"{b} ms" for b in bases]
+    for i in sages:
+        head += [f"{label[i]} ×{b}" if j == 0 else f"×{b}" for j, b in enumerate(ratio_bases)]
+    head.append("peak MiB " + " / ".join([label[i].split()[-1] for i in sages] + [b.lower() for b in ratio_bases]))
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        def ms(x):
-            return f"{x['ms']:.3f}" if x.get("ms") else "n/a"
-
         def ratio(b, s):
             return f"{r[b]['ms'] / s['ms']:.2f}" if r[b].get("ms") and s.get("ms") else "n/a"
-        peak = " / ".join(f"{r[i].get('peak_mib', float('nan')):.0f}" for i in (*sages, "FLASH", "CUDNN")) \
-            if r["mode"] == "fwd+bwd" else ""
-        lines.append(f"| {tuple(r['shape'])} | {'causal' if r['causal'] else 'full'} | {r['mode']} | "
-                     + " | ".join(f"{ms(r[i])} | {r[i].get('tflops', 0):.0f}" for i in sages)
-                     + f" | {ms(r['FLASH'])} | {ms(r['CUDNN'])} | {ms(r['EFFICIENT'])} | "
-                     + " | ".join(f"{ratio('FLASH', r[i])} | {ratio('CUDNN', r[i])}" for i in sages)
-                     + f" | {peak} |")
+
+        def peak(i):
+            return f"{r[i]['peak_mib']:.0f}" if r[i].get("peak_mib") is not None else "n/a"
+        cells = [str(tuple(r["shape"])), "causal" if r["causal"] else "full", r["mode"]]
+        for i in sages:
+            cells += [baselines.cell_text(r[i]), f"{r[i].get('tflops', 0):.0f}"]
+        cells += [baselines.cell_text(r[b]) for b in bases]
+        for i in sages:
+            cells += [ratio(b, r[i]) for b in ratio_bases]
+        cells.append(" / ".join(peak(i) for i in (*sages, *ratio_bases)) if r["mode"] == "fwd+bwd" else "")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -371,6 +405,78 @@ def check_correctness(quick: bool, quants=("block", "token")) -> dict:
               + " ".join(f"{k} {e:.4f}" for k, e in s["kernel_vs_fpa"].items()) + " | sim vs FPA "
               + " ".join(f"{k} {e:.4f}" for k, e in s["sim_vs_fpa"].items()), flush=True)
     return {"cases": results, "sigma": sigmas, "pass": ok}
+
+
+ACCURACY_SHAPES = [(1, 8, 4096, 64), (1, 8, 4096, 128)]
+
+
+def baseline_accuracy(impls, quick: bool = False, shapes=ACCURACY_SHAPES) -> dict:
+    """Each column's O, dQ, dK, dV against fp64 attention (sagebwd.fpa_attention) on the same bf16
+    inputs (std 1), rel-L2. A baseline with a tolerance (benchmarks/baselines.py: 2e-2 for bf16,
+    0.25 for FP8: they catch a wrong layout, mask or scale, not rounding) fails above it; the
+    SageBwd contracts are reported only (their checks are check_correctness's). A column that is
+    not installed or does not take the shape is skipped, one that raises fails."""
+    from sagebwd import fpa_attention
+    capability = torch.cuda.get_device_capability()
+    names = ("o", "dq", "dk", "dv")
+    rows, ok = [], True
+    for shape in (shapes[-1:] if quick else shapes):
+        for causal in ((True,) if quick else (True, False)):
+            b, h, n, d = shape
+            gen = torch.Generator(device="cuda").manual_seed(11)
+            q, k, v, do = [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                           for _ in range(4)]
+            ref = fpa_attention(q.double(), k.double(), v.double(), do.double(), causal=causal)
+            refs = (ref.o, ref.dq, ref.dk, ref.dv)
+            del ref
+            for impl in impls:
+                row = {"impl": impl, "shape": list(shape), "causal": causal}
+                tol = baselines.BASELINES[impl].tolerance if impl in baselines.BASELINES else None
+                skip = baselines.skip_cell(impl, shape, capability) if impl in baselines.OPTIONAL else None
+                if skip:
+                    row.update(skip, passed=None)
+                else:
+                    try:
+                        if impl in baselines.OPTIONAL:
+                            runner = baselines.make_runner(impl, q, k, v, do, causal)
+                        else:
+                            runner = baselines.AutogradRunner(attention_fn(impl, causal), q, k, v, do)
+                        outs = runner.outputs()
+                        row["rel_l2"] = {nm: _rel(a, r) for nm, a, r in zip(names, outs, refs)}
+                        row["tolerance"] = tol
+                        row["passed"] = tol is None or all(e <= tol for e in row["rel_l2"].values())
+                        if hasattr(runner, "info"):
+                            row[impl.lower()] = {**runner.info(), "amax_check": runner.amax_check}
+                        del runner, outs
+                    except Exception as err:  # noqa: BLE001
+                        row.update(baselines.failed_cell(err))
+                        row["passed"] = None if row["status"] == baselines.UNSUPPORTED else False
+                ok &= row["passed"] is not False
+                rows.append(row)
+                errs = " ".join(f"{nm} {e:.2e}" for nm, e in row["rel_l2"].items()) if "rel_l2" in row \
+                    else f"{row.get('status')}: {row.get('error')}"
+                verdict = {True: "PASS", False: "FAIL", None: "skipped"}[row["passed"]]
+                print(f"accuracy {impl} {tuple(shape)} causal={causal} vs fp64: {errs}"
+                      + (f" (bound {tol:g})" if tol is not None and "rel_l2" in row else "") + f" -> {verdict}",
+                      flush=True)
+                torch.cuda.empty_cache()
+            del refs
+    return {"rows": rows, "pass": ok}
+
+
+def accuracy_table(rows) -> str:
+    """The columns' rel-L2 against fp64 attention (baseline_accuracy), one line per column and case."""
+    label = {v: f"SageBwd {k}" for k, v in SAGE_IMPLS.items()}
+    lines = ["| column | (B,H,N,D) | mask | O | dQ | dK | dV | bound | result |", "|" + "---|" * 9]
+    for r in rows:
+        errs = [f"{r['rel_l2'][n]:.1e}" for n in ("o", "dq", "dk", "dv")] if "rel_l2" in r \
+            else [r.get("status", "n/a")] * 4
+        bound = f"{r['tolerance']:g}" if r.get("tolerance") is not None else "-"
+        verdict = {True: "pass" if r.get("tolerance") is not None else "reported", False: "FAIL",
+                   None: r.get("status", "skipped")}[r["passed"]]
+        lines.append(f"| {label.get(r['impl'], r['impl'])} | {tuple(r['shape'])} | {'causal' if r['causal'] else 'full'} | "
+                     + " | ".join(errs) + f" | {bound} | {verdict} |")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -548,7 +654,19 @@ def main(argv=None) -> int:
                     help="the quantisation contracts to check and time (default: block and token)")
     ap.add_argument("--once", action="store_true",
                     help="run one causal fwd+bwd at each target shape and exit (for ncu and other profilers)")
+    ap.add_argument("--baselines", nargs="+", default=list(BASELINES), metavar="NAME",
+                    help="the baseline columns (default: all of " + " ".join(BASELINES) + "; also fa4, cudnn-fp8, "
+                         "all). FA4 and CUDNN-FP8 need flash-attn-4 / nvidia-cudnn-frontend and say "
+                         "'not installed' without them (docs/benchmarks.md)")
+    ap.add_argument("--shapes", nargs="+", type=_shape, metavar="B,H,N,D",
+                    help="the table's shapes (default: " + " ".join(",".join(map(str, s)) for s in SHAPES) + ")")
+    ap.add_argument("--check-baselines", action="store_true",
+                    help="only the columns' accuracy against fp64 attention (part of --check)")
     args = ap.parse_args(argv)
+    try:
+        columns = baselines.parse_selection(args.baselines)
+    except ValueError as err:
+        ap.error(str(err))
     from sagebwd.triton.registry import KernelChoiceError, parse
     try:
         parse(args.kernels)
@@ -570,6 +688,7 @@ def main(argv=None) -> int:
     result["env"]["kernels"] = {"choice": args.kernels, **{
         f"d{d} {p}": registry.select(arch, d, p, "block", args.kernels).name for d in (64, 128)
         for p in registry.PASSES}}
+    result["env"]["baselines"] = baselines.describe(columns)
     print(result["env"], flush=True)
     if args.diagnose:
         result["diagnose"] = [diagnose(), diagnose(shape=(1, 2, 4096, 128), causal=True)]
@@ -577,6 +696,8 @@ def main(argv=None) -> int:
         result["fp32_gap"] = [fp32_gap((2, 4, 4096, d), dt, True) for d in (64, 128)
                               for dt in (torch.bfloat16, torch.float16)]
         result["check"] = check_correctness(args.quick, tuple(args.quant))
+    if args.check or args.check_baselines:
+        result["baseline_check"] = baseline_accuracy(tuple(SAGE_IMPLS[q] for q in args.quant) + columns, args.quick)
     if args.kernel_times:
         result["kernel_times"] = [kernel_times(shape, mask == "causal", layout=args.kernel_layout,
                                                impl=SAGE_IMPLS[quant])
@@ -586,9 +707,10 @@ def main(argv=None) -> int:
         result["model_layout"] = model_layout_table(SHAPES[:2])
     if args.cuda_graph:
         result["cuda_graph"] = graph_vs_eager()
-    shapes = SHAPES[:1] if args.quick else SHAPES
+    shapes = args.shapes or SHAPES
+    shapes = shapes[:1] if args.quick else shapes
     if not args.no_bench:
-        result["bench"] = benchmark(shapes, args.quick, tuple(SAGE_IMPLS[q] for q in args.quant))
+        result["bench"] = benchmark(shapes, args.quick, tuple(SAGE_IMPLS[q] for q in args.quant), columns)
     result["kernels"] = kernel_report(tuple(args.quant))
     if args.sweep:
         result["sweep"] = [row for quant in args.quant
@@ -599,9 +721,14 @@ def main(argv=None) -> int:
             json.dump(result, f, indent=1)
     if "bench" in result:
         print(f"\n{result['env']}\n" + markdown_table(result["bench"]), flush=True)
+    if "baseline_check" in result:
+        print("\naccuracy against fp64 attention (rel-L2):\n" + accuracy_table(result["baseline_check"]["rows"]),
+              flush=True)
     if "check" in result:
         print("correctness:", "PASS" if result["check"]["pass"] else "FAIL", flush=True)
-    ok = result.get("check", {}).get("pass", True)
+    if "baseline_check" in result:
+        print("baselines' accuracy:", "PASS" if result["baseline_check"]["pass"] else "FAIL", flush=True)
+    ok = result.get("check", {}).get("pass", True) and result.get("baseline_check", {}).get("pass", True)
     return 0 if ok else 1
 
 

@@ -33,6 +33,12 @@ By default these passes run as dkdv_ws_hopper's warp-specialised kernel, which c
 (WS) with a producer warp issuing every copy; this kernel is its bit-identical reference and runs
 where it does not apply (a sequence that is not a multiple of 128). The host side: hopper.py.
 
+TOKEN (the token contract, opt-in in the registry): the same kernels with _q_block_token as the
+per-block step, backward.py's TOKEN arithmetic: P^T and Y^T = dS^T s_Q quantised with one scale per
+kv row of each q block, row maxima over both slices (a quad's shuffles, no exchange between warps);
+s_Q per q row comes by TMA with the block, like LSE (docs/kernel-notes.md, "The token contract's
+Gluon dK/dV").
+
 Limits (registry; else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no
 Q-smoothing.
 """

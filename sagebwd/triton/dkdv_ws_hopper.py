@@ -22,6 +22,10 @@ the diagonal block peeled (dV and d=64 passes) the first tile masks slice a and 
 it and masks slice b, as dkdv_hopper's programs do; the dK pass masks it inside the loop, where
 the second tile's slice a is all masked: P = 0, so dS^ = 0 and it adds nothing.
 
+TOKEN (the token contract): the consumers run dkdv_hopper._q_block_token, the producer also copies
+s_Q with each q block, and both slices of a dK-pass entry are released at the block's end (a row's
+scale needs both).
+
 Limits (else dkdv_hopper runs): head_dim 64 or 128, block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations

@@ -119,8 +119,8 @@ TABLE = {
     # the "token" contract: the Triton kernels with TOKEN, on every GPU; on Hopper the Gluon dK/dV may be chosen
     **{(arch, d, p, "token"): Row("triton") for arch in ARCHES for d in HEAD_DIMS for p in PASSES},
     **{("sm90", d, "dkdv", "token"): Row("triton", ("gluon-ws", "gluon"),
-                                         "Gluon (TOKEN) not yet measured on a GPU; offline: no spills, fewer "
-                                         "instructions (docs/kernel-notes.md)") for d in HEAD_DIMS},
+                                         "gluon-ws not yet timed on a GPU (offline: no spills, "
+                                         "6-7% fewer instructions; docs/kernel-notes.md)") for d in HEAD_DIMS},
 }
 
 

@@ -387,7 +387,7 @@ def check_correctness(quick: bool, quants=("block", "token")) -> dict:
     runs = [(case, quant) for quant in quants for case in cases + extra]
     results, ok = [], True
     for case, quant in runs:
-        r = check_case(*case[:4], *case[4:], quant=quant)
+        r = check_case(*case[:4], *case[4:], quant=quant, kernels=RUN["kernels"])
         tol = TOLERANCE[r["dtype"]]
         r["pass"] = (r["all_written"] and r["reproducible"]
                      and all(e <= tol for e in r["rel_l2_vs_sim"].values()))

@@ -58,7 +58,7 @@ def _model_layout(v, do):
     return qkv.permute(2, 0, 3, 1, 4)[2], do.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-def _forward_backward(shape, causal, kernels, layout="contiguous"):
+def _forward_backward(shape, causal, kernels, layout="contiguous", quant="block"):
     from sagebwd.triton import attention
     g = torch.Generator(device="cuda").manual_seed(7)
     q, k, v, do = [torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
@@ -69,7 +69,7 @@ def _forward_backward(shape, causal, kernels, layout="contiguous"):
     elif layout == "model":       # v from the model's qkv projection, dO the transpose of the output's grad
         v, do = _model_layout(v, do)
     q, k, v = [t.requires_grad_() for t in (q, k, v)]
-    o = attention(q, k, v, causal, kernels=kernels)
+    o = attention(q, k, v, causal, quant=quant, kernels=kernels)
     return [o.detach(), *torch.autograd.grad(o, (q, k, v), do)]
 
 
@@ -136,6 +136,50 @@ def test_gluon_kernels_match_simulation(causal, head_dim):
     assert r["all_written"] and r["reproducible"]
     for name, err in r["rel_l2_vs_sim"].items():
         assert err <= TOLERANCE[torch.bfloat16], f"{name}: Gluon kernels vs simulation {err:.2e}"
+
+
+TOKEN_GLUON_DKDV = ("triton,dkdv=gluon-ws", "triton,dkdv=gluon")   # the token contract's Gluon dK/dV (opt-in)
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
+@pytest.mark.parametrize("shape", [(1, 4, 2048, 64), (2, 3, 384, 64), (1, 4, 1024, 128), (2, 3, 384, 128),
+                                   (1, 2, 128, 128), (1, 2, 4224, 64), (1, 2, 4224, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_token_gluon_dkdv_matches_the_triton_kernel(shape, causal):
+    """The Gluon dK/dV with TOKEN (warp-specialised and not) against the Triton token kernel on the
+    same inputs: backward.py's TOKEN arithmetic in its order (the same roundings; integer dots exact,
+    a q block's two slices chained in int32), so dK and dV are expected bit-identical; O and dQ come
+    from the same Triton kernels. The rel. L2 bound first, so that a failure says how far apart."""
+    ref = _forward_backward(shape, causal, TRITON, quant="token")
+    for kernels in TOKEN_GLUON_DKDV:
+        got = _forward_backward(shape, causal, kernels, quant="token")
+        for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
+            assert bool(torch.isfinite(a).all()), f"{name}: {kernels} left non-finite values"
+            err = float((a.double() - b.double()).norm() / b.double().norm())
+            assert err <= 1e-3, f"{name}: {kernels} vs the Triton token kernel {err:.2e}"
+            assert torch.equal(a, b), (f"{name}: {kernels} changed {int((a != b).sum())} of {a.numel()} elements "
+                                       f"(rel. L2 {err:.2e})")
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_token_gluon_dkdv_matches_simulation(causal, head_dim):
+    r = check_case((1, 4, 2048, head_dim), torch.bfloat16, causal, False, reruns=5, quant="token",
+                   kernels=TOKEN_GLUON_DKDV[0])
+    assert r["all_written"] and r["reproducible"], r
+    for name, err in r["rel_l2_vs_sim"].items():
+        assert err <= TOLERANCE[torch.bfloat16], f"{name}: token Gluon dK/dV vs simulation {err:.2e}"
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("layout", ["misaligned", "model"])
+def test_token_gluon_dkdv_takes_any_layout_of_v_and_do(layout, head_dim):
+    ref = _forward_backward((2, 3, 384, head_dim), True, TRITON, quant="token")
+    got = _forward_backward((2, 3, 384, head_dim), True, TOKEN_GLUON_DKDV[0], layout, quant="token")
+    for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
+        assert torch.equal(a, b), f"{name} differs with {layout} v/dO"
 
 
 FUSED = "default,fused"

@@ -127,6 +127,35 @@ def test_loop_mix_counts_one_exp_per_score_element(kernels):
             assert "UTMALDG" not in r["by_opcode"], (d, name, r["by_opcode"])
 
 
+@pytest.mark.parametrize("kernels", ["dkdv=gluon-ws", "dkdv=gluon"], ids=["ws", "non-ws"])
+def test_token_gluon_dkdv_builds_for_hopper(kernels):
+    """The token contract's Gluon dK/dV (opt-in on sm90: TOKEN in dkdv_hopper / dkdv_ws_hopper) builds
+    for sm_90 in every pass: INT8 dots on wgmma with waits that leave groups in flight, within an
+    H100/H200's registers and shared memory. The warp-specialised one (the one to time) spills
+    nothing; its loops evaluate one exp2 per score element, move no byte between lanes into the
+    INT8 dots, issue no TMA copy (its producer warp does) and, causal, touch no local memory."""
+    built = [r for r in offline.report((64, 128), seq=1024, kernels=kernels, quant="token")
+             if r["kernel"] in ("dkdv", "dv", "dk")]
+    assert sorted((r["head_dim"], r["kernel"]) for r in built) == [(64, "dkdv"), (128, "dk"), (128, "dv")]
+    for r in built:
+        print(kernels, r["head_dim"], r["kernel"], {k: r[k] for k in ("regs", "spill_bytes", "shared")})
+        assert r["constexprs"]["TOKEN"] is True and "STAGES" in r["constexprs"]
+        assert r["wgmma_s8"] > 0 and r["mma_sync"] == 0 and r["wgmma_overlapped_waits"] > 0
+        assert r["regs"] <= 255 and r["shared"] <= HOPPER_SHARED_BYTES
+        if kernels == "dkdv=gluon-ws":
+            assert r["spill_bytes"] == 0, f"d={r['head_dim']} {r['kernel']}: {r['spill_bytes']} B spilled"
+    if kernels != "dkdv=gluon-ws":
+        return
+    for r in offline.loop_mix_report((64, 128), kernels=kernels, quant="token"):
+        if r["kernel"] not in ("dkdv", "dv", "dk"):
+            continue
+        print(r["head_dim"], r["kernel"], f"{r['per_element']:.1f} instructions per score element")
+        assert r["function"] == "_dkdv_ws_kernel"
+        assert r["by_opcode"]["MUFU.EX2"] == pytest.approx(1.0)
+        assert r["by_opcode"].get("SHFL.IDX", 0.0) == 0.0 and "UTMALDG" not in r["by_opcode"]
+        assert r["causal_loop_local_ops"] == 0
+
+
 def test_loop_mix_sees_spills_in_the_causal_loop(monkeypatch):
     """The causal d=128 dK pass with its diagonal block peeled before the main loop (v27) reloads
     spilled wgmma descriptors in every trip; its non-causal build does not, so only the causal

@@ -33,6 +33,12 @@ By default these passes run as dkdv_ws_hopper's warp-specialised kernel, which c
 (WS) with a producer warp issuing every copy; this kernel is its bit-identical reference and runs
 where it does not apply (a sequence that is not a multiple of 128). The host side: hopper.py.
 
+TOKEN (the token contract, opt-in in the registry): the same kernels with _q_block_token as the
+per-block step, backward.py's TOKEN arithmetic: P^T and Y^T = dS^T s_Q quantised with one scale per
+kv row of each q block, row maxima over both slices (a quad's shuffles, no exchange between warps);
+s_Q per q row comes by TMA with the block, like LSE (docs/kernel-notes.md, "The token contract's
+Gluon dK/dV").
+
 Limits (registry; else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no
 Q-smoothing.
 """
@@ -107,19 +113,23 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, q_row0, start_n, vb, vh, PA
 @gluon.jit
 def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
                 lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, vb, vh, STAGES: gl.constexpr,
-                SLICE: gl.constexpr, PASS: gl.constexpr):
+                SLICE: gl.constexpr, PASS: gl.constexpr, sq_desc, sq_smem, TOKEN: gl.constexpr):
     """TMA of all of q block `blk` into ring slot r % STAGES on one barrier, each tensor as one copy of
-    the whole block: Q^ and LSE, dO^T for dV, dO, Q^T and delta for dK. (A Gluon kernel that is not
-    warp specialised puts a CTA barrier and ~13 instructions at every copy: at d=64 per-slice copies
-    were 16% of the loop's instructions; per-slice barriers measured 6% slower there.)"""
+    the whole block: Q^ and LSE (TOKEN: and s_Q, one scale per q row), dO^T for dV, dO, Q^T and delta
+    for dK. (A Gluon kernel that is not warp specialised puts a CTA barrier and ~13 instructions at
+    every copy: at d=64 per-slice copies were 16% of the loop's instructions; per-slice barriers
+    measured 6% slower there.)"""
     slot = r % STAGES
     bar = bars.index(2 * slot)
     dv_bytes: gl.constexpr = dot_desc.block_type.nbytes if PASS != DK_ONLY else 0
     dk_bytes: gl.constexpr = (do_desc.block_type.nbytes + qt_desc.block_type.nbytes
                               + delta_desc.block_type.nbytes) if PASS != DV_ONLY else 0
-    mbarrier.expect(bar, q_desc.block_type.nbytes + lse_desc.block_type.nbytes + dv_bytes + dk_bytes)
+    sq_bytes: gl.constexpr = sq_desc.block_type.nbytes if TOKEN else 0
+    mbarrier.expect(bar, q_desc.block_type.nbytes + lse_desc.block_type.nbytes + dv_bytes + dk_bytes + sq_bytes)
     row = blk * 2 * SLICE
     tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(slot))
+    if TOKEN:
+        tma.async_copy_global_to_shared(sq_desc, [q_row0 + row], bar, sq_smem.index(slot))
     if PASS != DV_ONLY:
         _seq_copy(do_desc, vb, vh, q_row0, row, bar, do_smem.index(slot))
     tma.async_copy_global_to_shared(lse_desc, [q_row0 + row], bar, lse_smem.index(slot))
@@ -132,16 +142,20 @@ def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem
 
 @gluon.jit
 def _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem, delta_smem,
-                bars, r, blk, h, q_row0, t_row0, vb, vh, STAGES: gl.constexpr, SLICE: gl.constexpr):
+                bars, r, blk, h, q_row0, t_row0, vb, vh, STAGES: gl.constexpr, SLICE: gl.constexpr, sq_desc, sq_smem,
+                TOKEN: gl.constexpr):
     """The dK pass (DK_ONLY): TMA of slice h of q block `blk` into ring slot r % STAGES, on its own
-    barrier (Q^, LSE, dO, Q^T, delta). A slice's buffers are refilled as soon as its own last
-    wgmma is done (the other slice of the block may still be running)."""
+    barrier (Q^, LSE, dO, Q^T, delta; TOKEN: s_Q). A slice's buffers are refilled as soon as its own
+    last wgmma is done (the other slice of the block may still be running; TOKEN: at the block's end)."""
     i = 2 * (r % STAGES) + h
     bar = bars.index(i)
+    sq_bytes: gl.constexpr = sq_desc.block_type.nbytes if TOKEN else 0
     mbarrier.expect(bar, q_desc.block_type.nbytes + lse_desc.block_type.nbytes + do_desc.block_type.nbytes
-                    + qt_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+                    + qt_desc.block_type.nbytes + delta_desc.block_type.nbytes + sq_bytes)
     row = blk * 2 * SLICE + h * SLICE
     tma.async_copy_global_to_shared(q_desc, [q_row0 + row, 0], bar, q_smem.index(i))
+    if TOKEN:
+        tma.async_copy_global_to_shared(sq_desc, [q_row0 + row], bar, sq_smem.index(i))
     tma.async_copy_global_to_shared(lse_desc, [q_row0 + row], bar, lse_smem.index(i))
     _seq_copy(do_desc, vb, vh, q_row0, row, bar, do_smem.index(i))
     tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(i))
@@ -218,7 +232,12 @@ def _release(empty, i):
 @gluon.jit
 def _slice_probs(st, qk_scale, lse, offs_q, offs_kv, MASK: gl.constexpr, MASK_DIAG: gl.constexpr, diag):
     """P of a slice; the causal mask always (MASK) or only in the block where `diag` (MASK_DIAG)."""
-    x = st.to(gl.float32) * qk_scale - lse[None, :]
+    return _masked_exp2(st.to(gl.float32) * qk_scale - lse[None, :], offs_q, offs_kv, MASK, MASK_DIAG, diag)
+
+
+@gluon.jit
+def _masked_exp2(x, offs_q, offs_kv, MASK: gl.constexpr, MASK_DIAG: gl.constexpr, diag):
+    """exp2(x) with _slice_probs' causal mask."""
     if MASK_DIAG:
         # the exp in both branches: with the select alone in one, ptxas predicated it (a compare
         # and a select per element) into every block
@@ -353,7 +372,8 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
                 _release(empty, 2 * slot)
         elif not BLOCKED and r + STAGES < n_blocks:
             _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
-                        delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, vb, vh, STAGES, SLICE)
+                        delta_smem, bars, r + STAGES, blk + STAGES, 0, q_row0, t_row0, vb, vh, STAGES, SLICE,
+                        lse_desc, lse_smem, False)
         lse_b = _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED)
         p_b = _slice_probs(st_b, qk_scale, lse_b, offs_b, offs_kv, MASK_B, MASK_DIAG, diag)
         if PASS == BOTH:
@@ -391,10 +411,213 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
         if BLOCKED:
             _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
                         dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, q_row0, t_row0, vb, vh, STAGES,
-                        SLICE, PASS)
+                        SLICE, PASS, lse_desc, lse_smem, False)
         else:
             _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
-                        delta_smem, bars, r + STAGES, blk + STAGES, 1, q_row0, t_row0, vb, vh, STAGES, SLICE)
+                        delta_smem, bars, r + STAGES, blk + STAGES, 1, q_row0, t_row0, vb, vh, STAGES, SLICE,
+                        lse_desc, lse_smem, False)
+    return dv, dk
+
+
+@gluon.jit
+def _row_scales(amax):
+    """backward.py's tile_scales(amax, False) per kv row (the token contract's P^T and Y^T scales): the
+    scale by a multiply with fl(1/127), 1/scale by the approximate division, 0 for an all-zero row."""
+    scale = amax * (1.0 / 127.0)
+    inv = gl.where(amax > 0, 127.0 / gl.maximum(amax, 1e-30), 0.0)
+    return scale, inv
+
+
+@gluon.jit
+def _token_probs(st, kq, sq, lse, offs_q, offs_kv, MASK: gl.constexpr, MASK_DIAG: gl.constexpr, diag):
+    """P^T of a slice in the token contract, as backward.py (TOKEN) computes it: S^T = int(K^ Q^T) *
+    (s_K qk_const) per kv row * s_Q per q column, then exp2(S^T - LSE); masked as _slice_probs. The
+    second multiply and the subtraction become one fma, by the same contraction as in backward.py
+    (written as a subtraction: gl.fma(a, b, -c) would materialise -c as 0 - c, one FADD per column)."""
+    return _masked_exp2(st.to(gl.float32) * kq[:, None] * sq[None, :] - lse[None, :], offs_q, offs_kv, MASK,
+                        MASK_DIAG, diag)
+
+
+@gluon.jit
+def _token_y(p, dpt, sq, delta, s_layout: gl.constexpr):
+    """Y^T = dS^T s_Q = P^T (dP^T s_Q - delta s_Q), as backward.py: one fma (contracted as there) with
+    delta s_Q per column, then the multiply by P^T."""
+    return p * (gl.convert_layout(dpt, s_layout) * sq[None, :] - (delta * sq)[None, :])
+
+
+@gluon.jit
+def _p_bits_max(p):
+    """Row maximum of P >= 0 on its bits as integers (the order is the same; two per max instruction)."""
+    return gl.max(p.to(gl.int32, bitcast=True), axis=1)
+
+
+@gluon.jit
+def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sq_smem,
+                   bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, sq_desc, n_blocks, q_row0, t_row0,
+                   vb, vh, offs_kv, kq, SDO_bh, s_layout: gl.constexpr, dp_layout: gl.constexpr,
+                   acc_layout: gl.constexpr, op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr,
+                   MASK_A: gl.constexpr, MASK_B: gl.constexpr, MASK_DIAG: gl.constexpr, diag, empty, WS: gl.constexpr):
+    """_q_block in the token contract (backward.py's TOKEN branches, in its order): dV, dK after q block
+    `blk` (ring slot r); kq = s_K qk_const per kv row; the same flags as _q_block.
+
+    Its scales are row maxima over the whole q block (128 columns, both slices): P^T's per (kv row,
+    q block) for dV = P^T dO, and Y^T = dS^T s_Q's per (kv row, q block) for dK = Y^T Q. In the wgmma
+    accumulator a kv row lives in one quad of one warp, so each maximum is a max over the thread's
+    columns and two shuffles, with no exchange between warps; but neither slice can be quantised
+    before the other's values are known, so both slices' P^T (and Y^T) are live together, and the
+    block's dots start after its last exp (the block contract's slice a dot overlaps slice b's
+    softmax). Order, to keep at most three 64 x 64 fp32 tiles beside the accumulators (d=64, BOTH):
+    S^T of both slices and dP^T of slice a issued; P^T of both; their row scale; dV of both issued;
+    Y^T of slice a; dP^T of slice b; dV converted; Y^T of slice b; its row scale; dK of both.
+    Slice a (HAS_A False: wholly above the causal diagonal) is then skipped: its P^T is 0, which
+    changes neither maximum nor sum. The ring entry (both slices) is released at the block's end."""
+    slot = r % STAGES
+    phase = (r // STAGES) & 1
+    s_do = gl.load(SDO_bh + blk)   # dO^'s scale: per q block, as in the block contract
+    col: gl.constexpr = gl.SliceLayout(0, s_layout)
+    offs_a = blk * 2 * SLICE + gl.arange(0, SLICE, layout=col)
+    offs_b = offs_a + SLICE
+    zero_s = gl.zeros([SLICE, SLICE], gl.int32, s_layout)
+    zero_dp = gl.zeros([SLICE, SLICE], gl.float32, dp_layout)
+    zero_acc = gl.zeros([SLICE, HEAD_DIM], gl.int32, acc_layout)
+    DK_PASS: gl.constexpr = PASS != DV_ONLY
+    DV_PASS: gl.constexpr = PASS != DK_ONLY
+
+    # S^T of both slices; dK passes: dP^T of slice a too.
+    # wgmma groups complete in issue order: each wait's count is what may still be in flight after it.
+    mbarrier.wait(bars.index(2 * slot), phase)
+    if HAS_A:
+        st_a = warpgroup_mma(k_smem, _rows(q_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s,
+                             use_acc=False, is_async=True)
+        if PASS == DK_ONLY:
+            dpt_a = warpgroup_mma(v_tile, _rows(do_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)),
+                                  zero_dp, use_acc=False, is_async=True)
+    if not BLOCKED:
+        mbarrier.wait(bars.index(2 * slot + 1), phase)
+    st_b = warpgroup_mma(k_smem, _rows(q_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s,
+                         use_acc=False, is_async=True)
+    if PASS == BOTH and HAS_A:
+        dpt_a = warpgroup_mma(v_tile, _rows(do_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_dp,
+                              use_acc=False, is_async=True)
+    if HAS_A:
+        st_a = warpgroup_mma_wait(2 if DK_PASS else 1, deps=[st_a])
+        p_a = _token_probs(st_a, kq, _slice_vector(sq_smem, slot, 0, col, SLICE, BLOCKED),
+                           _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED), offs_a, offs_kv, MASK_A, MASK_DIAG,
+                           diag)
+        if PASS == DK_ONLY:
+            dpt_a = warpgroup_mma_wait(1, deps=[dpt_a])
+            p_a = _token_y(p_a, dpt_a, _slice_vector(sq_smem, slot, 0, col, SLICE, BLOCKED),
+                           _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED), s_layout)   # now Y^T
+    if PASS == DK_ONLY:   # dP^T of slice b only now: all four tiles in flight spilled at d=128
+        dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_dp,
+                              use_acc=False, is_async=True)
+        st_b = warpgroup_mma_wait(1, deps=[st_b])
+    elif HAS_A and DK_PASS:
+        st_b = warpgroup_mma_wait(1, deps=[st_b])
+    else:
+        st_b = warpgroup_mma_wait(0, deps=[st_b])
+    p_b = _token_probs(st_b, kq, _slice_vector(sq_smem, slot, 1, col, SLICE, BLOCKED),
+                       _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED), offs_b, offs_kv, MASK_B, MASK_DIAG, diag)
+
+    if DV_PASS:
+        # P^T per (kv row, q block): its row maximum over both slices, P^ of both, dV = P^T dO chained in int32
+        p_max = _p_bits_max(p_b)
+        if HAS_A:
+            p_max = gl.maximum(_p_bits_max(p_a), p_max)
+        p_scale, p_inv = _row_scales(p_max.to(gl.float32, bitcast=True))
+        if HAS_A:
+            p8_a = as_a_operand(_int8_bits(p_a, p_inv[:, None]).to(gl.int8), op_layout)
+            dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc,
+                                   use_acc=False, is_async=True)
+        p8_b = as_a_operand(_int8_bits(p_b, p_inv[:, None]).to(gl.int8), op_layout)
+        if HAS_A:
+            dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), dv_int,
+                                   is_async=True)
+        else:
+            dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc,
+                                   use_acc=False, is_async=True)
+        # per kv row, into the accumulator's layout (the same rows per thread: no data moves)
+        dv_scale = gl.convert_layout(p_scale * s_do, gl.SliceLayout(1, acc_layout))[:, None]
+    if PASS == BOTH:
+        # Y^T of slice a (its dP^T was issued before the dV dots), then slice b's dP^T
+        if HAS_A:
+            dpt_a = warpgroup_mma_wait(2, deps=[dpt_a])
+            p_a = _token_y(p_a, dpt_a, _slice_vector(sq_smem, slot, 0, col, SLICE, BLOCKED),
+                           _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED), s_layout)   # now Y^T
+        dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_dp,
+                              use_acc=False, is_async=True)
+        dv_int = warpgroup_mma_wait(1, deps=[dv_int])
+        dv += dv_int.to(gl.float32) * dv_scale
+        dpt_b = warpgroup_mma_wait(0, deps=[dpt_b])
+    elif PASS == DV_ONLY:
+        dv_int = warpgroup_mma_wait(0, deps=[dv_int])
+        dv += dv_int.to(gl.float32) * dv_scale
+    else:
+        dpt_b = warpgroup_mma_wait(0, deps=[dpt_b])
+
+    if DK_PASS:
+        # Y^T = dS^T s_Q per (kv row, q block): its row maximum over both slices, Y^ of both, dK = Y^T Q
+        y_b = _token_y(p_b, dpt_b, _slice_vector(sq_smem, slot, 1, col, SLICE, BLOCKED),
+                       _slice_vector(delta_smem, slot, 1, col, SLICE, BLOCKED), s_layout)
+        y_max = gl.max(gl.abs(y_b), axis=1)
+        if HAS_A:
+            y_max = gl.maximum(gl.max(gl.abs(p_a), axis=1), y_max)
+        y_scale, y_inv = _row_scales(y_max)
+        if HAS_A:
+            y8_a = as_a_operand(_int8_bits(p_a, y_inv[:, None]).to(gl.int8), op_layout)
+            dk_int = warpgroup_mma(y8_a, _cols(qt_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc,
+                                   use_acc=False, is_async=True)
+        y8_b = as_a_operand(_int8_bits(y_b, y_inv[:, None]).to(gl.int8), op_layout)
+        if HAS_A:
+            dk_int = warpgroup_mma(y8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), dk_int,
+                                   is_async=True)
+        else:
+            dk_int = warpgroup_mma(y8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc,
+                                   use_acc=False, is_async=True)
+        dk_int = warpgroup_mma_wait(0, deps=[dk_int])
+        dk += dk_int.to(gl.float32) * gl.convert_layout(y_scale, gl.SliceLayout(1, acc_layout))[:, None]
+
+    if WS:
+        _cta_barrier()   # as _release, for both slices' entries
+        mbarrier.arrive(empty.index(2 * slot))
+        if not BLOCKED:
+            mbarrier.arrive(empty.index(2 * slot + 1))
+    elif r + STAGES < n_blocks:
+        if BLOCKED:
+            _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
+                        dot_smem, lse_smem, delta_smem, bars, r + STAGES, blk + STAGES, q_row0, t_row0, vb, vh, STAGES,
+                        SLICE, PASS, sq_desc, sq_smem, True)
+        else:
+            for h in gl.static_range(2):
+                _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
+                            delta_smem, bars, r + STAGES, blk + STAGES, h, q_row0, t_row0, vb, vh, STAGES, SLICE,
+                            sq_desc, sq_smem, True)
+    return dv, dk
+
+
+@gluon.jit
+def _q_step(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, bars,
+            q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks, q_row0, t_row0, vb, vh, offs_kv,
+            sc_smem, k_scale, qk_const, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
+            op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, HEAD_DIM: gl.constexpr,
+            PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr, MASK_A: gl.constexpr, MASK_B: gl.constexpr,
+            rec_layout: gl.constexpr, MASK_DIAG: gl.constexpr, diag, empty, WS: gl.constexpr, sq_smem, sq_desc,
+            SDO_bh, TOKEN: gl.constexpr):
+    """One q block of _kv_tile's loop in the contract TOKEN names: _q_block_token (k_scale: s_K qk_const
+    per kv row; s_Q and s_dO from sq_smem and SDO_bh) or _q_block (k_scale: the tile's; sc_smem's records)."""
+    if TOKEN:
+        dv, dk = _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                                delta_smem, sq_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                                sq_desc, n_blocks, q_row0, t_row0, vb, vh, offs_kv, k_scale, SDO_bh, s_layout,
+                                dp_layout, acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, HAS_A,
+                                MASK_A, MASK_B, MASK_DIAG, diag, empty, WS)
+    else:
+        dv, dk = _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem,
+                          bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks, q_row0, t_row0,
+                          vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout, acc_layout, op_layout,
+                          STAGES, SLICE, SLICE, HEAD_DIM, PASS, BLOCKED, HAS_A, MASK_A, MASK_B, rec_layout,
+                          MASK_DIAG, diag, empty, WS)
     return dv, dk
 
 
@@ -403,12 +626,15 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
              q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK_tile, SQ_bh, SDO_bh, TS_kv, DK_bh, DV_bh,
              stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, diag_in_a,
              HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-             PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr, WS: gl.constexpr):
+             PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr, WS: gl.constexpr, sq_smem,
+             sq_desc, TOKEN: gl.constexpr):
     """dK and/or dV of the SLICE kv rows from start_n on one warpgroup, from its K^ (and V) landing
     on kv_bar to the stores: the main loop over the q blocks `first` .. NQ - 1 in ring `full`,
     which the caller has started to fill (_dkdv_kernel) or a producer warp fills (WS,
     dkdv_ws_hopper). Causal with the diagonal block peeled: `diag_in_a` says whether these rows are
-    its slice a (a runtime value here, a constexpr in dkdv_ws_hopper)."""
+    its slice a (a runtime value here, a constexpr in dkdv_ws_hopper).
+    TOKEN (the token contract): SK_tile points to the tile's per-row s_K, the ring carries s_Q per
+    q row (sq_smem), SDO_bh gives s_dO per q block; no staged records (sc_smem, TS_kv unused)."""
     # _stage_scales: [SCALE_CHUNK, 8] records, 2 per thread; _staged_scales: a whole record per thread
     stage_layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0])
     rec_layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
@@ -417,13 +643,18 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
     acc_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[2]
     op_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[3]
 
-    k_scale = gl.load(SK_tile)
-    _stage_scales(sc_smem, first, NQ, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
+    if TOKEN:   # s_K qk_const per kv row, as backward.py's qk_scale
+        k_scale = gl.load(SK_tile + gl.arange(0, SLICE, layout=gl.SliceLayout(1, s_layout))) * (
+            sm_scale * 1.4426950408889634)
+    else:
+        k_scale = gl.load(SK_tile)
+        _stage_scales(sc_smem, first, NQ, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
     qk_const = sm_scale * 1.4426950408889634
     offs_kv = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, s_layout))
     dv = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout)
     dk = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout)
-    _cta_barrier()   # the records are in shared memory
+    if not TOKEN:
+        _cta_barrier()   # the records are in shared memory
     mbarrier.wait(kv_bar, 0)
 
     loop_start = 0
@@ -433,28 +664,29 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
         # slice a (slice a masked, b full) or its slice b (slice a wholly above the diagonal:
         # skipped; b masked).
         if diag_in_a:
-            dv, dk = _q_block(0, first, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+            dv, dk = _q_step(0, first, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                               delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
                               q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
-                              acc_layout, op_layout, STAGES, SLICE, SLICE, HEAD_DIM, PASS, BLOCKED, True, True, False,
-                              rec_layout, False, False, empty, WS)
+                              acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, True, True, False,
+                              rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN)
         else:
-            dv, dk = _q_block(0, first, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+            dv, dk = _q_step(0, first, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                               delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
                               q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
-                              acc_layout, op_layout, STAGES, SLICE, SLICE, HEAD_DIM, PASS, BLOCKED, False, False,
-                              True, rec_layout, False, False, empty, WS)
+                              acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, False, False,
+                              True, rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN)
         loop_start = 1
     for r in range(loop_start, n_blocks):
-        if (r % SCALE_CHUNK == 0) & (r > 0):   # the next chunk of records (sequences above 4096)
-            _cta_barrier()   # every warp is done with the last chunk
-            _stage_scales(sc_smem, first + r, NQ, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
-            _cta_barrier()
-        dv, dk = _q_block(r, first + r, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+        if not TOKEN:
+            if (r % SCALE_CHUNK == 0) & (r > 0):   # the next chunk of records (sequences above 4096)
+                _cta_barrier()   # every warp is done with the last chunk
+                _stage_scales(sc_smem, first + r, NQ, SQ_bh, SDO_bh, TS_kv, SCALE_CHUNK, stage_layout)
+                _cta_barrier()
+        dv, dk = _q_step(r, first + r, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                           delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
                           q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
-                          acc_layout, op_layout, STAGES, SLICE, SLICE, HEAD_DIM, PASS, BLOCKED, True, False, False,
-                          rec_layout, MASK_IN_LOOP, r == 0, empty, WS)
+                          acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, True, False, False,
+                          rec_layout, MASK_IN_LOOP, r == 0, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN)
 
     offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
@@ -499,11 +731,26 @@ def _allocate(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delt
 
 
 @gluon.jit
+def _allocate_token(sq_desc, lse_smem, STAGES: gl.constexpr, BLOCKED: gl.constexpr, TOKEN: gl.constexpr):
+    """The token contract's s_Q ring beside LSE's (same boxes, same ring); in the block contract
+    nothing: lse_smem stands in (the code using it is not built, and the block kernels' shared
+    memory stays as it was)."""
+    RING: gl.constexpr = STAGES if BLOCKED else 2 * STAGES
+    if TOKEN:
+        sq_smem = gl.allocate_shared_memory(gl.float32, [RING] + sq_desc.block_type.shape, sq_desc.layout)
+    else:
+        sq_smem = lse_smem
+    return sq_smem
+
+
+@gluon.jit
 def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                 SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H,
+                 SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H, sq_desc,
                  HEAD_DIM: gl.constexpr, Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, SLICE: gl.constexpr,
                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr,
-                 DIAG_IN_LOOP: gl.constexpr):
+                 DIAG_IN_LOOP: gl.constexpr, TOKEN: gl.constexpr):
+    """TOKEN: the token contract (SQ, SK per token, sq_desc their TMA view; TILE_SCALES unused), else the
+    block contract (sq_desc unused)."""
     gl.static_assert(Q_BLOCK == 2 * SLICE, "a q block is two slices")
     gl.static_assert(KV_BLOCK == SLICE, "one kv tile per program, as tall as a slice")
 
@@ -513,6 +760,7 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
     k_smem, v_smem, v_tile, q_smem, lse_smem, do_smem, qt_smem, dot_smem, delta_smem = _allocate(
         k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, KV_BLOCK, HEAD_DIM, STAGES, PASS,
         BLOCKED)
+    sq_smem = _allocate_token(sq_desc, lse_smem, STAGES, BLOCKED, TOKEN)
     unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES + 1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2 * STAGES + 1):
@@ -535,21 +783,28 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
             if BLOCKED:
                 _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem,
                             dot_smem, lse_smem, delta_smem, bars, i, first + i, q_row0, t_row0, vb, vh, STAGES, SLICE,
-                            PASS)
+                            PASS, sq_desc, sq_smem, TOKEN)
             else:
                 for h in gl.static_range(2):
                     _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
-                                delta_smem, bars, i, first + i, h, q_row0, t_row0, vb, vh, STAGES, SLICE)
+                                delta_smem, bars, i, first + i, h, q_row0, t_row0, vb, vh, STAGES, SLICE, sq_desc,
+                                sq_smem, TOKEN)
 
     SQ_bh = SQ + bh * (N // Q_BLOCK)
     SDO_bh = SDO + bh * (N // Q_BLOCK)
-    TS_kv = TILE_SCALES + (bh.to(gl.int64) * (N // KV_BLOCK) + pid_n) * (N // Q_BLOCK) * 4   # kv-major
-    sc_smem = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
     out_bh = vb.to(gl.int64) * stride_gb + vh.to(gl.int64) * stride_gh
+    if TOKEN:   # per-token s_K of the tile's rows; no records
+        SK_tile = SK + bh * N + start_n
+        TS_kv = TILE_SCALES
+        sc_smem = lse_smem
+    else:
+        SK_tile = SK + bh * (N // KV_BLOCK) + pid_n
+        TS_kv = TILE_SCALES + (bh.to(gl.int64) * (N // KV_BLOCK) + pid_n) * (N // Q_BLOCK) * 4   # kv-major
+        sc_smem = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
     _kv_tile(k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc_smem, kv_bar, bars, bars,
-             q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK + bh * (N // KV_BLOCK) + pid_n, SQ_bh,
-             SDO_bh, TS_kv, DK + out_bh, DV + out_bh, stride_gn, start_n, first, n_blocks, N // Q_BLOCK, q_row0,
-             t_row0, vb, vh, sm_scale, start_n % Q_BLOCK == 0, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED,
-             DIAG_IN_LOOP, False)
+             q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK_tile, SQ_bh, SDO_bh, TS_kv, DK + out_bh,
+             DV + out_bh, stride_gn, start_n, first, n_blocks, N // Q_BLOCK, q_row0, t_row0, vb, vh, sm_scale,
+             start_n % Q_BLOCK == 0, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, False, sq_smem,
+             sq_desc, TOKEN)
     for i in gl.static_range(2 * STAGES + 1):
         mbarrier.invalidate(bars.index(i))

@@ -22,6 +22,10 @@ the diagonal block peeled (dV and d=64 passes) the first tile masks slice a and 
 it and masks slice b, as dkdv_hopper's programs do; the dK pass masks it inside the loop, where
 the second tile's slice a is all masked: P = 0, so dS^ = 0 and it adds nothing.
 
+TOKEN (the token contract): the consumers run dkdv_hopper._q_block_token, the producer also copies
+s_Q with each q block, and both slices of a dK-pass entry are released at the block's end (a row's
+scale needs both).
+
 Limits (else dkdv_hopper runs): head_dim 64 or 128, block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations
@@ -30,7 +34,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from .dkdv_hopper import DV_ONLY, SCALE_CHUNK, _allocate, _kv_tile, _load_block, _load_kv, _load_slice
+from .dkdv_hopper import DV_ONLY, SCALE_CHUNK, _allocate, _allocate_token, _kv_tile, _load_block, _load_kv, _load_slice
 
 # Ring depth per pass: q blocks (the dK pass: slice pairs), as many as shared memory holds beside
 # both tiles' K^ and V.
@@ -77,7 +81,7 @@ def ring_barriers(STAGES: gl.constexpr):
 def _producer(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem,
               do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar, full, empty, q_row0, t_row0, vb, vh, start_n,
               first, n_blocks, STAGES: gl.constexpr, SLICE: gl.constexpr, PASS: gl.constexpr,
-              BLOCKED: gl.constexpr):
+              BLOCKED: gl.constexpr, sq_desc, sq_smem, TOKEN: gl.constexpr):
     """K^ (and V) of both kv tiles, then the q side of every block the consumers walk, in their order."""
     _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, q_row0, start_n, vb, vh, PASS)
     for r in range(n_blocks):
@@ -86,13 +90,15 @@ def _producer(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delt
             if r >= STAGES:   # both consumers are done with the block this entry held
                 mbarrier.wait(empty.index(2 * slot), ((r // STAGES) - 1) & 1)
             _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
-                        lse_smem, delta_smem, full, r, first + r, q_row0, t_row0, vb, vh, STAGES, SLICE, PASS)
+                        lse_smem, delta_smem, full, r, first + r, q_row0, t_row0, vb, vh, STAGES, SLICE, PASS, sq_desc,
+                        sq_smem, TOKEN)
         else:
             for h in gl.static_range(2):
                 if r >= STAGES:
                     mbarrier.wait(empty.index(2 * slot + h), ((r // STAGES) - 1) & 1)
                 _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, lse_smem,
-                            delta_smem, full, r, first + r, h, q_row0, t_row0, vb, vh, STAGES, SLICE)
+                            delta_smem, full, r, first + r, h, q_row0, t_row0, vb, vh, STAGES, SLICE, sq_desc, sq_smem,
+                            TOKEN)
 
 
 @gluon.jit
@@ -100,31 +106,39 @@ def _consumer(TILE: gl.constexpr, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_
               v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc_smem, kv_bar, full, empty, SK_tile,
               SQ_bh, SDO_bh, TS_kv, DK_bh, DV_bh, stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh,
               sm_scale, HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-              PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr):
+              PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr, sq_smem, sq_desc,
+              TOKEN: gl.constexpr):
     """dK and/or dV of kv tile TILE of the program (SLICE rows from start_n) on one warpgroup:
     dkdv_hopper's per-tile loop, its ring filled by the producer. Tile 0 holds slice a of the
     causal diagonal block, tile 1 its slice b."""
     _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc_smem, kv_bar, full, empty,
              q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK_tile, SQ_bh, SDO_bh, TS_kv, DK_bh, DV_bh,
              stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, TILE == 0, HEAD_DIM, SLICE,
-             CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, True)
+             CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, True, sq_smem, sq_desc, TOKEN)
 
 
 @gluon.jit
 def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                    SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H,
+                    SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H, sq_desc,
                     HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                     PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, TOKEN: gl.constexpr):
+    """TOKEN: the token contract (SQ, SK per token, sq_desc the TMA view of SQ; TILE_SCALES unused), else the
+    block contract (sq_desc unused)."""
     pid, bh, start_n, q_row0, vb, vh, t_row0, NQ, first, n_blocks = kv_program(N, H, HEAD_DIM, SLICE, CAUSAL)
 
     # both tiles' K^ and V, and the ring: whole q blocks (BLOCKED: STAGES entries) or slices (2 * STAGES)
     k_smem, v_smem, v_rows, q_smem, lse_smem, do_smem, qt_smem, dot_smem, delta_smem = _allocate(
         k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, 2 * SLICE, HEAD_DIM, STAGES, PASS,
         BLOCKED)
+    sq_smem = _allocate_token(sq_desc, lse_smem, STAGES, BLOCKED, TOKEN)
     unused: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    sc0 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
-    sc1 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
+    if TOKEN:   # no records: s_Q comes with the ring, s_K and s_dO from global memory
+        sc0 = lse_smem
+        sc1 = lse_smem
+    else:
+        sc0 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
+        sc1 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
     kv_bar, full, empty = ring_barriers(STAGES)
 
     if PASS != DV_ONLY:
@@ -136,21 +150,29 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
     NKV = N // SLICE
     SQ_bh = SQ + bh * NQ
     SDO_bh = SDO + bh * NQ
-    TS_0 = TILE_SCALES + (bh.to(gl.int64) * NKV + 2 * pid) * NQ * 4   # kv-major: tile 2 pid's records
     out_bh = vb.to(gl.int64) * stride_gb + vh.to(gl.int64) * stride_gh
-    SK_0 = SK + bh * NKV + 2 * pid
+    if TOKEN:   # s_K per token: tile 0's rows, tile 1's SLICE further
+        TS_0 = TILE_SCALES
+        TS_1 = TILE_SCALES
+        SK_0 = SK + bh * N + start_n
+        SK_1 = SK_0 + SLICE
+    else:
+        TS_0 = TILE_SCALES + (bh.to(gl.int64) * NKV + 2 * pid) * NQ * 4   # kv-major: tile 2 pid's records
+        TS_1 = TS_0 + NQ * 4
+        SK_0 = SK + bh * NKV + 2 * pid
+        SK_1 = SK_0 + 1
     gl.warp_specialize([
         (_consumer, (0, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                      k_smem.slice(0, SLICE), v_0, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc0,
                      kv_bar.index(0), full, empty, SK_0, SQ_bh, SDO_bh, TS_0, DK + out_bh, DV + out_bh, stride_gn,
                      start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, HEAD_DIM, SLICE, CAUSAL, STAGES,
-                     PASS, BLOCKED, DIAG_IN_LOOP)),
+                     PASS, BLOCKED, DIAG_IN_LOOP, sq_smem, sq_desc, TOKEN)),
         (_consumer, (1, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                      k_smem.slice(SLICE, SLICE), v_1, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc1,
-                     kv_bar.index(0), full, empty, SK_0 + 1, SQ_bh, SDO_bh, TS_0 + NQ * 4, DK + out_bh, DV + out_bh,
+                     kv_bar.index(0), full, empty, SK_1, SQ_bh, SDO_bh, TS_1, DK + out_bh, DV + out_bh,
                      stride_gn, start_n + SLICE, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, HEAD_DIM,
-                     SLICE, CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP)),
+                     SLICE, CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, sq_smem, sq_desc, TOKEN)),
         (_producer, (k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, k_smem, v_smem,
                      q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar.index(0), full, empty, q_row0,
-                     t_row0, vb, vh, start_n, first, n_blocks, STAGES, SLICE, PASS, BLOCKED)),
+                     t_row0, vb, vh, start_n, first, n_blocks, STAGES, SLICE, PASS, BLOCKED, sq_desc, sq_smem, TOKEN)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

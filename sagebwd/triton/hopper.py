@@ -60,10 +60,11 @@ def seq_desc(t, rows: int):
 
 
 def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
-                  block_q: int, ws: bool) -> list:
+                  block_q: int, ws: bool, token: bool = False) -> list:
     """[(name, kernel, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at
     d=128; as dkdv_ws_hopper's kernel if `ws` (seq a multiple of 128), else dkdv_hopper's. v and do may
-    have any strides and alignment."""
+    have any strides and alignment. token: the token contract (s_q, s_k per token; s_q comes by TMA
+    with each q block, as LSE does; tile_scales unused)."""
     b, h, n, d = q8.shape
     rows = b * h * n
     tile_rows = dkdv_hopper.ROWS
@@ -73,8 +74,8 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
                 seq_desc(do, q_rows), desc(q8t.reshape(b * h * d, n), [d, q_rows]),
                 desc(do8t.reshape(b * h * d, n), [d, q_rows]), desc(lse2.reshape(rows), [q_rows]),
                 desc(delta.reshape(rows), [q_rows]), s_q, s_k, s_do, tile_scales, dk, dv, *dk.stride()[:3],
-                1.0 / d ** 0.5, n, h)
-    kwargs = dict(HEAD_DIM=d, SLICE=dkdv_hopper.SLICE, CAUSAL=causal, num_warps=4)
+                1.0 / d ** 0.5, n, h, desc((s_q if token else lse2).reshape(rows), [q_rows]))   # block: unused
+    kwargs = dict(HEAD_DIM=d, SLICE=dkdv_hopper.SLICE, CAUSAL=causal, TOKEN=token, num_warps=4)
     # (name, PASS, whole q blocks per copy, diagonal block masked in the loop, stages)
     passes = [("dkdv", dkdv_hopper.BOTH, True, False, dkdv_hopper.STAGES)] if d <= 64 else \
         [("dv", dkdv_hopper.DV_ONLY, True, False, dkdv_hopper.STAGES),
@@ -116,8 +117,8 @@ def run_dq(c, tuning: Tuning | None = None, *, ws: bool) -> None:
 
 
 def run_dkdv(c, tuning: Tuning | None = None, *, ws: bool) -> None:
-    """The Gluon dK/dV (registry: dkdv "gluon", "gluon-ws"), on a backward.BackwardCall."""
+    """The Gluon dK/dV (registry: dkdv "gluon", "gluon-ws"), on a backward.BackwardCall, in its contract."""
     for name, kernel, grid, args, kwargs in dkdv_launches(
             c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2, c.delta, c.tile_scales, c.dk, c.dv,
-            causal=c.causal, block_q=c.block_q, ws=ws):
+            causal=c.causal, block_q=c.block_q, ws=ws, token=c.token):
         launch(name, kernel, grid, *args, tuning=tuning, **kwargs)

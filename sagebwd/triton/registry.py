@@ -19,7 +19,8 @@ no environment variable, no module state. Experimental kernels (``sagebwd/triton
 measured slower, never a default) are imported only where a choice names them.
 
 Each quantisation contract has its rows (``quant``: "block", the paper's; "token", per-token
-scales, run by the Triton kernels with TOKEN); a new contract or kernel adds rows here and entries
+scales, run by the Triton kernels with TOKEN, and on Hopper by the Gluon dK/dV with TOKEN where
+chosen); a new contract or kernel adds rows here and entries
 to ``KERNELS``, and ``select`` and the printed table take them as they are.
 """
 from __future__ import annotations
@@ -115,8 +116,11 @@ TABLE = {
     ("sm90", 128, "dkdv", "block"): Row("gluon-ws", ("gluon", "triton"),
                                         "Gluon -8..-24%, warp-specialised -5..-12% more"),
     **{("generic", d, p, "block"): Row("triton") for d in HEAD_DIMS for p in PASSES},
-    # the "token" contract: the Triton kernels with TOKEN, on every GPU
+    # the "token" contract: the Triton kernels with TOKEN, on every GPU; on Hopper the Gluon dK/dV may be chosen
     **{(arch, d, p, "token"): Row("triton") for arch in ARCHES for d in HEAD_DIMS for p in PASSES},
+    **{("sm90", d, "dkdv", "token"): Row("triton", ("gluon-ws", "gluon"),
+                                         "gluon-ws not yet timed on a GPU (offline: no spills, "
+                                         "6-7% fewer instructions; docs/kernel-notes.md)") for d in HEAD_DIMS},
 }
 
 

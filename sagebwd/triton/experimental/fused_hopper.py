@@ -100,7 +100,7 @@ def _producer(k_desc, v_desc, kt_desc, q_desc, do_desc, qt_desc, dot_desc, lse_d
             mbarrier.wait(empty.index(2 * slot), ((r // STAGES) - 1) & 1)
         _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
                     lse_smem, delta_smem, full, r, first + n_blocks - 1 - r, q_row0, t_row0, vb, vh, STAGES, SLICE,
-                    BOTH)
+                    BOTH, lse_desc, lse_smem, False)
 
 
 @gluon.jit

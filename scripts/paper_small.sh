@@ -40,7 +40,7 @@ for qk in qknorm noqknorm; do
   "$PY" -m launcher.capture --config experiments/manifests/base/paper-small.yaml \
     --set model.attention=sagebwd --set model.smoothing=k --set model.qk_norm="$norm" \
     --checkpoint "$run/checkpoints" --layer 7 --out "$run/layer7.pt"
-  "$PY" -m sagebwd.trace tensors --input "$run/layer7.pt" | tee "$OUT/table2-$qk.md"
+  "$PY" -m sagebwd.trace tensors --input "$run/layer7.pt" --causal | tee "$OUT/table2-$qk.md"
 done
 
 stage "5/5 the comparisons"

@@ -11,7 +11,8 @@ Issue 25 asks for the largest LR at which FPA trains stably at the large TPS, so
 compared where the paper saw its gap; (b) keeps "stable but clearly worse" LRs out. The ladder's
 table is printed; `--write` puts the LR into the grid's base config (optimizer.lr). If the
 largest LR of the ladder is picked, the ladder did not find the edge: exit 3, so a script does
-not go on with it (extend the ladder upward and run it again).
+not go on with it (extend the ladder upward and run it again). If the smallest is picked, a
+note says the ladder does not bracket the best LR from below.
 """
 from __future__ import annotations
 
@@ -127,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     print(f"chosen: peak LR {chosen.lr:g} ({chosen.name})")
+    if chosen.lr == min(r.lr for r in rungs):
+        # Not an error: the rule is met. But the best LR may lie below the ladder.
+        print("note: the ladder's smallest LR has the best final loss, so the ladder does not "
+              "bracket the best LR from below; extend it downward to find it", file=sys.stderr)
     if chosen.lr == max(r.lr for r in rungs):
         print("error: the ladder's largest LR is still stable and within tolerance: extend the "
               "ladder upward and run it again", file=sys.stderr)

@@ -81,14 +81,15 @@ def test_kernel_choice_is_validated_and_never_leaves_sm90():
     assert registry.resolve("sm90", 64, "dkdv", **{**shape, "smooth_q": True}).name == "triton"
     assert registry.resolve("sm90", 64, "dkdv", **{**shape, "seq": 192}).name == "gluon"
     assert registry.resolve("sm90", 64, "dq", "block", "fused", **{**shape, "seq": 192}).name == "triton"
-    assert registry.select("sm90", 64, "dkdv", "token").name == "triton"   # the token contract: Triton's
-    # ... and, chosen, its Gluon dK/dV on Hopper (not yet the default: unmeasured), Triton's outside its limits
+    # the token contract on Hopper: its Gluon dK/dV by default (Triton's elsewhere and outside its limits)
     for d in registry.HEAD_DIMS:
-        assert registry.select("sm90", d, "dkdv", "token", "dkdv=gluon-ws").name == "gluon-ws"
-        assert registry.resolve("sm90", d, "dkdv", "token", "dkdv=gluon-ws", **{**shape, "smooth_q": True}).name \
-            == "triton"
-        assert registry.select("sm90", d, "dkdv", "token", "fused").name == "triton"   # the fused one is block's
+        assert registry.select("sm90", d, "dkdv", "token").name == "gluon-ws"
+        assert registry.select("sm90", d, "dkdv", "token", "triton").name == "triton"
+        assert registry.resolve("sm90", d, "dkdv", "token", **{**shape, "smooth_q": True}).name == "triton"
+        assert registry.resolve("sm90", d, "dkdv", "token", **{**shape, "seq": 192}).name == "gluon"
+        assert registry.select("sm90", d, "dkdv", "token", "fused").name == "gluon-ws"   # fused is block's only
         assert registry.select("generic", d, "dkdv", "token", "dkdv=gluon-ws").name == "triton"
+        assert registry.select("sm90", d, "dq", "token").name == "triton"
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launcher.journal import BackgroundUpload, Journal, Uploader, lock_journal, set_fast_fail_env
-from launcher.tracking import _artifact_root, _start_system_metrics, flatten, probe_tracking_uri
+from launcher.tracking import (_artifact_root, _start_system_metrics, flatten, nesting_tags,
+                              probe_tracking_uri)
 
 DRAIN_S = 60.0   # at most this long at the end of a run to upload what is pending
 
@@ -57,7 +58,8 @@ class JournaledRun:
         set_aside(folder, previous, say)
         journal = Journal(folder)
         journal.append({"op": "create", "ts": _now_ms(), "experiment": experiment,
-                        "run_name": run_name, "tags": tags, "params": flatten(params),
+                        "run_name": run_name, "tags": {**tags, **nesting_tags()},
+                        "params": flatten(params),
                         "config_yaml": config_yaml,
                         "artifact_location": _artifact_root(tracking_uri)})
         run = cls(journal, tracking_uri, say)

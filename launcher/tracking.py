@@ -48,6 +48,13 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
 PARENT_RUN_TAG = "mlflow.parentRunId"     # MLflow's own tag: the UI nests the run under it
 
 
+def nesting_tags() -> dict[str, str]:
+    """MLflow's parent tag when a grid started this run ($SAGEBWD_PARENT_RUN_ID): the UI then
+    folds the run under the grid's parent run, and `experiments compare` finds it there."""
+    parent = os.environ.get(ENV_PARENT_RUN_ID)
+    return {PARENT_RUN_TAG: parent} if parent else {}
+
+
 class MlflowRun:
     """One MLflow run, created by rank 0 (or reopened on resume). Metrics are buffered and
     written with log_batch, because each sqlite write costs ~20 ms, which would dominate a
@@ -72,10 +79,8 @@ class MlflowRun:
         found = client.get_experiment_by_name(experiment)
         experiment_id = (found.experiment_id if found else client.create_experiment(
             experiment, artifact_location=_artifact_root(uri)))
-        parent = os.environ.get(ENV_PARENT_RUN_ID)
-        if parent:
-            tags = {**tags, PARENT_RUN_TAG: parent}
-        run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+        run_id = client.create_run(experiment_id, run_name=run_name,
+                                   tags={**tags, **nesting_tags()}).info.run_id
         from mlflow.entities import Param
 
         items = [Param(k, v) for k, v in flatten(params).items()]

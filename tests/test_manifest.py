@@ -292,6 +292,8 @@ def test_local_executor_runs_the_smoke_grid_with_the_real_trainer(tmp_path):
     by_name = {r.info.run_name: r for r in runs}
     assert by_name["smoke-tps128-fpa-qknorm"].info.status == "FINISHED"
     assert by_name["smoke@cpu"].data.tags["sagebwd.role"] == "grid"   # the grid's parent run
+    assert by_name["smoke-tps128-fpa-qknorm"].data.tags.get("mlflow.parentRunId") == \
+        by_name["smoke@cpu"].info.run_id
 
 
 def test_local_executor_runs_jobs_side_by_side_into_one_store(tmp_path):
@@ -312,4 +314,7 @@ def test_local_executor_runs_jobs_side_by_side_into_one_store(tmp_path):
     experiment = client.get_experiment_by_name("sagebwd-smoke")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
     assert set(runs) == {*names, "smoke@cpu"}
-    assert all(runs[name].info.status == "FINISHED" for name in names)
+    parent = runs["smoke@cpu"].info.run_id
+    for name in names:   # finished, and nested under the grid's parent run (the MLflow UI folds them)
+        assert runs[name].info.status == "FINISHED"
+        assert runs[name].data.tags.get("mlflow.parentRunId") == parent

@@ -182,6 +182,51 @@ def test_token_gluon_dkdv_takes_any_layout_of_v_and_do(layout, head_dim):
         assert torch.equal(a, b), f"{name} differs with {layout} v/dO"
 
 
+TOKEN_GLUON_DQ = ("triton,dq=gluon-ws", "triton,dq=gluon")   # the token contract's Gluon dQ (opt-in, d=128)
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
+@pytest.mark.parametrize("shape", [(1, 4, 2048, 128), (2, 3, 384, 128), (1, 2, 128, 128), (1, 2, 4224, 128),
+                                   (2, 2, 256, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_token_gluon_dq_matches_the_triton_kernel(shape, causal):
+    """The Gluon dQ with TOKEN (warp-specialised and not) against the Triton token dQ on the same inputs:
+    backward.py's TOKEN arithmetic in its order (S = int * s_K * (s_Q qk_const) - LSE one fma, X = dS s_K,
+    tile_scales(max|X|, False) per q row, dQ += int(X^ K^) * scale, tiles in the same order), so dQ is
+    expected bit-identical; O, dK and dV come from the same Triton kernels. The rel. L2 bound first, so
+    that a failure says how far apart."""
+    ref = _forward_backward(shape, causal, TRITON, quant="token")
+    for kernels in TOKEN_GLUON_DQ:
+        got = _forward_backward(shape, causal, kernels, quant="token")
+        for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
+            assert bool(torch.isfinite(a).all()), f"{name}: {kernels} left non-finite values"
+            err = float((a.double() - b.double()).norm() / b.double().norm())
+            assert err <= 1e-3, f"{name}: {kernels} vs the Triton token kernel {err:.2e}"
+            assert torch.equal(a, b), (f"{name}: {kernels} changed {int((a != b).sum())} of {a.numel()} elements "
+                                       f"(rel. L2 {err:.2e})")
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
+@pytest.mark.parametrize("kernels", ["dq=gluon-ws", "dq=gluon"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_token_gluon_dq_matches_simulation(causal, kernels):
+    """With the default token dK/dV (Gluon WS) beside it: the whole token backward on Gluon kernels."""
+    r = check_case((1, 4, 2048, 128), torch.bfloat16, causal, False, reruns=5, quant="token", kernels=kernels)
+    assert r["all_written"] and r["reproducible"], r
+    for name, err in r["rel_l2_vs_sim"].items():
+        assert err <= TOLERANCE[torch.bfloat16], f"{name}: token Gluon dQ vs simulation {err:.2e}"
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
+@pytest.mark.parametrize("layout", ["misaligned", "model"])
+def test_token_gluon_dq_takes_any_layout_of_v_and_do(layout):
+    ref = _forward_backward((2, 3, 384, 128), True, TRITON, quant="token")
+    for kernels in TOKEN_GLUON_DQ:
+        got = _forward_backward((2, 3, 384, 128), True, kernels, layout, quant="token")
+        for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
+            assert torch.equal(a, b), f"{name} differs with {layout} v/dO ({kernels})"
+
+
 FUSED = "default,fused"
 
 

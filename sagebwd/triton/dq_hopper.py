@@ -37,6 +37,11 @@ Measured on an H200 (docs/kernel-notes.md): (8,8,4096,128) dQ 1.00 -> 0.92 ms ca
 At d=64 it computes the same dQ but is slower than the Triton kernel (0-14%: 191 registers, one
 program of 8 warps per SM, where the Triton kernel fits two at 128 registers; capped at 128 here it
 spills), so the registry lists it at d=128 only. The host side: hopper.py.
+TOKEN (the token contract, opt-in at d=128 in the registry, not yet timed): _tile_token as the tile
+step, backward.py's TOKEN arithmetic: X = dS s_K quantised with one scale per q row of the tile (a
+quad's shuffles in the accumulator layout: no exchange between the warps, no tile scales written),
+s_K per kv row by TMA with each tile pair (a ring beside K^'s), s_Q per q row loaded once
+(docs/kernel-notes.md, "The token contract's Gluon dQ").
 Limits (registry; else backward.py runs): block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations
@@ -45,7 +50,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .dkdv_hopper import _int8_bits, _seq_copy, as_a_operand
+from .dkdv_hopper import _int8_bits, _row_scales, _seq_copy, as_a_operand
 
 Q_ROWS = 128    # q rows per program = block_q
 KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
@@ -58,12 +63,15 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 @gluon.jit
 def _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, t_row0, vb, vh,
-               STAGES: gl.constexpr, KV_ROWS: gl.constexpr):
-    """TMA of kv tiles 2u and 2u+1 (K^, K^T, V) into ring slot u % STAGES: three copies on one
-    mbarrier per two tiles."""
+               STAGES: gl.constexpr, KV_ROWS: gl.constexpr, sk_desc, sk_smem, TOKEN: gl.constexpr):
+    """TMA of kv tiles 2u and 2u+1 (K^, K^T, V; TOKEN: and s_K, one scale per kv row) into ring slot
+    u % STAGES: three (four) copies on one mbarrier per two tiles."""
     slot = u % STAGES
     bar = bars.index(slot)
-    mbarrier.expect(bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    sk_bytes: gl.constexpr = sk_desc.block_type.nbytes if TOKEN else 0
+    mbarrier.expect(bar, k_desc.block_type.nbytes + kt_desc.block_type.nbytes + v_desc.block_type.nbytes + sk_bytes)
+    if TOKEN:
+        tma.async_copy_global_to_shared(sk_desc, [row0 + u * 2 * KV_ROWS], bar, sk_smem.index(slot))
     tma.async_copy_global_to_shared(k_desc, [row0 + u * 2 * KV_ROWS, 0], bar, k_smem.index(slot))
     tma.async_copy_global_to_shared(kt_desc, [t_row0, u * 2 * KV_ROWS], bar, kt_smem.index(slot))
     _seq_copy(v_desc, vb, vh, row0, u * 2 * KV_ROWS, bar, v_smem.index(slot))
@@ -140,7 +148,7 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
         # exchange (one more barrier per pair) or in tile 2u+1 (later): -3.5% and -6% unmasked.
         _cta_barrier()   # both warpgroups have waited on the product that read the slot
         _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, refill, row0, t_row0, vb, vh, STAGES,
-                   KV_ROWS)
+                   KV_ROWS, k_desc, k_smem, False)
     p_amax, ds_amax = _tile_maxima(p, ds, xbuf, all_layout, empty, refill % STAGES, REFILL and WS)
     p_scale, p_inv = _block_scales(p_amax, HEAD_DIM > 64)
     ds_scale, ds_inv = _block_scales(ds_amax, HEAD_DIM > 64)
@@ -151,14 +159,93 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
 
 
 @gluon.jit
+def _add_product(dq, dq_int, scale, TOKEN: gl.constexpr):
+    """dq += the int32 product of a tile times its dQ scale: the tile's (a scalar) or, TOKEN, its q
+    rows' (in the accumulator's row layout), one fma per element as backward.py's."""
+    if TOKEN:
+        dq += dq_int.to(gl.float32) * scale[:, None]
+    else:
+        dq += dq_int.to(gl.float32) * scale
+    return dq
+
+
+@gluon.jit
+def _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_tile, lse, delta, offs_m,
+                qk_row, refill, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
+                op_layout: gl.constexpr, STAGES: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr,
+                HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr, REFILL: gl.constexpr, empty,
+                WS: gl.constexpr):
+    """_tile in the token contract (backward.py's TOKEN branches, in its order and roundings):
+    S = int(Q^ K^T) * s_K per kv column * (s_Q qk_const) per q row (qk_row), then exp2(S - LSE) (the
+    second multiply and the subtraction one fma, contracted as there); dS = P (dP - delta); X = dS s_K
+    quantised with one scale per q row of the tile (tile_scales(max|X|, False)); dQ += int(X^ K^) *
+    that scale. In the wgmma accumulator a q row lives in one quad, so its maximum is an in-thread max
+    and two shuffles: no exchange between the warps, no tile scales written. s_K of the tile's kv rows
+    (sk_tile) came by TMA with K^ (loaded from global memory, its 64-bit addresses were carried across
+    the loop and spilled). REFILL and WS: the ring slot of the previous pair is freed (a barrier and
+    one arrive) right after the previous tile's product is folded in, where the block contract frees
+    it at its exchange (not WS: _pair refills it after this tile). Returns dq, tile j's X^ bits and
+    its per-row dQ scale in the accumulator's row layout."""
+    if not FIRST:
+        ds8 = as_a_operand(ds_prev.to(gl.int8), op_layout)
+        dq_tok = warpgroup_mma(ds8, kt_prev.permute((1, 0)), gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout),
+                               use_acc=False, is_async=True)
+    s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.int32, s_layout),
+                          use_acc=False, is_async=True)
+    if not FIRST:
+        dq_int = warpgroup_mma_wait(1, deps=[dq_tok])
+        dq += dq_int.to(gl.float32) * scale_prev[:, None]
+        if REFILL and WS:   # the product that read pair u-1's slot is done in this warp; in all after the barrier
+            _cta_barrier()
+            mbarrier.arrive(empty.index(refill % STAGES))
+    dp_tok = warpgroup_mma(do_smem, v_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.float32, dp_layout),
+                           use_acc=False, is_async=True)
+    k_scale = sk_tile.load(gl.SliceLayout(0, s_layout))   # s_K per kv column
+    s = warpgroup_mma_wait(1, deps=[s_tok])
+    p = gl.exp2(s.to(gl.float32) * k_scale[None, :] * qk_row[:, None] - lse[:, None])
+    if MASK:
+        offs_n = j * KV_ROWS + gl.arange(0, KV_ROWS, layout=gl.SliceLayout(0, s_layout))
+        p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+    dp = warpgroup_mma_wait(0, deps=[dp_tok])
+    ds = p * (gl.convert_layout(dp, s_layout) - delta[:, None])
+    x = ds * k_scale[None, :]   # X = dS s_K: K^'s scale runs along this product's sum
+    x_scale, x_inv = _row_scales(gl.max(gl.abs(x), axis=1))
+    return dq, _int8_bits(x, x_inv[:, None]), gl.convert_layout(x_scale, gl.SliceLayout(1, acc_layout))
+
+
+@gluon.jit
+def _step(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, xbuf, lse, delta, offs_m,
+          q_scale, qk_const, sk, TS_q, TS_step, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem,
+          bars, row0, t_row0, vb, vh, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
+          op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
+          Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr,
+          MASK: gl.constexpr, REFILL: gl.constexpr, empty, WS: gl.constexpr, TOKEN: gl.constexpr):
+    """Tile j in the contract TOKEN names: _tile_token (q_scale: s_Q qk_const per q row; sk: the tile's s_K
+    in shared memory) or _tile (sk: the SK pointer of the head)."""
+    if TOKEN:
+        dq, ds_bits, scale = _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, sk,
+                                         lse, delta, offs_m, q_scale, refill, s_layout, dp_layout, acc_layout,
+                                         op_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, REFILL, empty, WS)
+    else:
+        dq, ds_bits, scale = _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, xbuf, lse,
+                                   delta, offs_m, q_scale, qk_const, sk, TS_q, TS_step, refill, n_pairs, k_desc,
+                                   kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, row0, t_row0, vb, vh, s_layout,
+                                   dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS,
+                                   HEAD_DIM, FIRST, MASK, REFILL, empty, WS)
+    return dq, ds_bits, scale
+
+
+@gluon.jit
 def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
           xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh,
           TS_q, TS_step, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
           op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
           Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr,
-          empty, WS: gl.constexpr):
+          empty, WS: gl.constexpr, TOKEN: gl.constexpr, sk_desc, sk_smem):
     """Tiles 2u and 2u+1 (ring slot u % STAGES). Unless FIRST, the previous pair's last dS^ comes
-    in (ds_prev, scale_prev; its K^T in prev_slot), and tile 2u refills that slot (WS: frees it)."""
+    in (ds_prev, scale_prev; its K^T in prev_slot), and tile 2u refills that slot (WS: frees it;
+    TOKEN, not WS: the slot is refilled after tile 2u). TOKEN: s_K of the pair is ring slot `slot` of
+    sk_smem, SK_bh unused."""
     slot = u % STAGES
     mbarrier.wait(bars.index(slot), (u // STAGES) & 1)
     k_pair = k_smem.index(slot)
@@ -166,23 +253,35 @@ def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_sme
     v_pair = v_smem.index(slot).reshape([2 * KV_ROWS, HEAD_DIM])
     kt_prev = kt_smem.index(prev_slot).slice(KV_ROWS, KV_ROWS, dim=1)
     refill = u - 1 + STAGES
-    dq, ds_a, scale_a = _tile(2 * u, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_pair.slice(0, KV_ROWS),
-                              v_pair.slice(0, KV_ROWS), xbuf_a, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,
+    if TOKEN:
+        sk_a = sk_smem.index(slot).slice(0, KV_ROWS)
+        sk_b = sk_smem.index(slot).slice(KV_ROWS, KV_ROWS)
+    else:
+        sk_a = SK_bh
+        sk_b = SK_bh
+    dq, ds_a, scale_a = _step(2 * u, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_pair.slice(0, KV_ROWS),
+                              v_pair.slice(0, KV_ROWS), xbuf_a, lse, delta, offs_m, q_scale, qk_const, sk_a, TS_q,
                               TS_step, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, row0,
                               t_row0, vb, vh, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES,
-                              Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST, empty, WS)
-    dq, ds_b, scale_b = _tile(2 * u + 1, dq, ds_a, scale_a, kt_pair.slice(0, KV_ROWS, dim=1), q_smem, do_smem,
+                              Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST, empty, WS, TOKEN)
+    if TOKEN and not WS and not FIRST:
+        if refill < n_pairs:
+            _cta_barrier()   # every warp has waited on the product that read the slot (tile 2u's first)
+            _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, refill, row0, t_row0, vb, vh, STAGES,
+                       KV_ROWS, sk_desc, sk_smem, True)
+    dq, ds_b, scale_b = _step(2 * u + 1, dq, ds_a, scale_a, kt_pair.slice(0, KV_ROWS, dim=1), q_smem, do_smem,
                               k_pair.slice(KV_ROWS, KV_ROWS), v_pair.slice(KV_ROWS, KV_ROWS), xbuf_b, lse, delta,
-                              offs_m, q_scale, qk_const, SK_bh, TS_q, TS_step, refill, n_pairs, k_desc, kt_desc, v_desc,
+                              offs_m, q_scale, qk_const, sk_b, TS_q, TS_step, refill, n_pairs, k_desc, kt_desc, v_desc,
                               k_smem, kt_smem, v_smem, bars, row0, t_row0, vb, vh, s_layout, dp_layout, acc_layout,
                               op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, False, MASK, False,
-                              empty, WS)
+                              empty, WS, TOKEN)
     return dq, ds_b, scale_b, slot
 
 
 @gluon.jit
 def _producer(q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem, kt_smem, v_smem, q_bar, bars, empty,
-              row0, t_row0, vb, vh, start_m, n_pairs, STAGES: gl.constexpr, KV_ROWS: gl.constexpr):
+              row0, t_row0, vb, vh, start_m, n_pairs, STAGES: gl.constexpr, KV_ROWS: gl.constexpr, sk_desc, sk_smem,
+              TOKEN: gl.constexpr):
     """WS: Q^ and dO, then every tile pair into the ring, a slot once the consumers have freed it."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], q_bar, q_smem)
@@ -190,16 +289,18 @@ def _producer(q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem,
     for u in range(n_pairs):
         if u >= STAGES:
             mbarrier.wait(empty.index(u % STAGES), ((u // STAGES) - 1) & 1)
-        _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, t_row0, vb, vh, STAGES, KV_ROWS)
+        _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, t_row0, vb, vh, STAGES, KV_ROWS,
+                   sk_desc, sk_smem, TOKEN)
 
 
 @gluon.jit
 def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc, kt_desc, v_desc,
              SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
              n_pairs, HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
-             STAGES: gl.constexpr, WS: gl.constexpr):
+             STAGES: gl.constexpr, WS: gl.constexpr, TOKEN: gl.constexpr, sk_desc, sk_smem):
     """dQ and the tile scales of q block pid_m on all of the program's (WS: the consumer
-    partition's) warps, from its Q^, dO landing on q_bar to the store."""
+    partition's) warps, from its Q^, dO landing on q_bar to the store. TOKEN: the token contract (SQ
+    per token; s_K per token comes with K^ into sk_smem; no tile scales)."""
     nw: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
                                                        instr_shape=[16, KV_ROWS, 32])
@@ -220,15 +321,22 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
     offs_m = start_m + gl.arange(0, Q_ROWS, layout=row)
     lse = gl.load(LSE2 + row0 + offs_m)
     delta = gl.load(DELTA + row0 + offs_m)
-    q_scale = gl.load(SQ + bh * (N // Q_ROWS) + pid_m)
-    SK_bh = SK + bh * (N // KV_ROWS)
+    if TOKEN:   # s_Q qk_const per q row, as backward.py's (q_scale * qk_const)[:, None]
+        q_scale = gl.load(SQ + row0 + offs_m) * (sm_scale * 1.4426950408889634)
+        SK_bh = SK   # unused: s_K comes by TMA
+    else:
+        q_scale = gl.load(SQ + bh * (N // Q_ROWS) + pid_m)
+        SK_bh = SK + bh * (N // KV_ROWS)
     # kv-major (bh, kv tile, q block, 4), as backward.py's
     TS_q = TILE_SCALES + bh.to(gl.int64) * (N // Q_ROWS) * (N // KV_ROWS) * 4 + pid_m * 4
     TS_step = (N // Q_ROWS) * 4   # from one kv tile's record to the next
     qk_const = sm_scale * 1.4426950408889634
     dq = gl.zeros([Q_ROWS, HEAD_DIM], gl.float32, acc_layout)
     ds_bits = gl.zeros([Q_ROWS, KV_ROWS], gl.int32, s_layout)   # no product in flight before tile 0
-    scale = qk_const
+    if TOKEN:   # the dQ scale of the product in flight: per q row
+        scale = gl.zeros([Q_ROWS], gl.float32, gl.SliceLayout(1, acc_layout))
+    else:
+        scale = qk_const
     slot = gl.to_tensor(0)
     do_tile = do_smem.reshape([Q_ROWS, HEAD_DIM])
     mbarrier.wait(q_bar, 0)
@@ -243,30 +351,30 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
             gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
             xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
             SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
-            KV_ROWS, HEAD_DIM, True, False, empty, WS)
+            KV_ROWS, HEAD_DIM, True, False, empty, WS, TOKEN, sk_desc, sk_smem)
         for u in range(1, n_unmasked):
             dq, ds_bits, scale, slot = _pair(
                 u, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars,
                 k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,
                 TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS,
-                HEAD_DIM, False, False, empty, WS)
+                HEAD_DIM, False, False, empty, WS, TOKEN, sk_desc, sk_smem)
         if CAUSAL:
             dq, ds_bits, scale, slot = _pair(
                 n_pairs - 1, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
                 xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
                 SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
-                KV_ROWS, HEAD_DIM, False, True, empty, WS)
+                KV_ROWS, HEAD_DIM, False, True, empty, WS, TOKEN, sk_desc, sk_smem)
     else:   # causal, first q block: only the diagonal pair
         dq, ds_bits, scale, slot = _pair(
             gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
             xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
             SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
-            KV_ROWS, HEAD_DIM, True, True, empty, WS)
+            KV_ROWS, HEAD_DIM, True, True, empty, WS, TOKEN, sk_desc, sk_smem)
     # the last tile's product
     dq_int = warpgroup_mma(as_a_operand(ds_bits.to(gl.int8), op_layout),
                            kt_smem.index(slot).slice(KV_ROWS, KV_ROWS, dim=1).permute((1, 0)),
                            gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout), use_acc=False)
-    dq += dq_int.to(gl.float32) * scale
+    dq = _add_product(dq, dq_int, scale, TOKEN)
 
     offs_r = start_m + gl.arange(0, Q_ROWS, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
@@ -277,9 +385,11 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
 
 @gluon.jit
 def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn,
-               TILE_SCALES, sm_scale, N, H,
+               TILE_SCALES, sm_scale, N, H, sk_desc,
                HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
-               STAGES: gl.constexpr, WS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+               STAGES: gl.constexpr, WS: gl.constexpr, PRODUCER_REGS: gl.constexpr, TOKEN: gl.constexpr):
+    """TOKEN: the token contract (SQ, SK per token, sk_desc SK's TMA view in boxes of a tile pair;
+    TILE_SCALES unused), else the block contract (sk_desc unused)."""
     gl.static_assert(Q_ROWS == 2 * KV_ROWS, "the causal diagonal is the block's last tile pair")
     nw: gl.constexpr = gl.num_warps()
     # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
@@ -306,6 +416,10 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
     x_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     xbuf_a = gl.allocate_shared_memory(gl.float32, [nw, 2], x_layout)
     xbuf_b = gl.allocate_shared_memory(gl.float32, [nw, 2], x_layout)
+    if TOKEN:   # s_K of each tile pair, a ring beside K^'s (the block contract: nothing, xbuf_a stands in)
+        sk_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + sk_desc.block_type.shape, sk_desc.layout)
+    else:
+        sk_smem = xbuf_a
     bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES + 1):
         mbarrier.init(bars.index(i), count=1)
@@ -317,9 +431,11 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
         gl.warp_specialize([
             (_dq_block, (q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc,
                         kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
-                        sm_scale, N, H, pid_m, bh, n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, True)),
+                        sm_scale, N, H, pid_m, bh, n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, True, TOKEN,
+                        sk_desc, sk_smem)),
             (_producer, (q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem, kt_smem, v_smem, q_bar,
-                         bars, empty, row0, t_row0, vb, vh, start_m, n_pairs, STAGES, KV_ROWS)),
+                         bars, empty, row0, t_row0, vb, vh, start_m, n_pairs, STAGES, KV_ROWS, sk_desc, sk_smem,
+                         TOKEN)),
         ], [1], [PRODUCER_REGS])
     else:
         mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
@@ -328,9 +444,9 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
         for i in gl.static_range(STAGES):
             if i < n_pairs:
                 _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, i, row0, t_row0, vb, vh, STAGES,
-                           KV_ROWS)
+                           KV_ROWS, sk_desc, sk_smem, TOKEN)
         _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, bars, k_desc, kt_desc, v_desc,
                  SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
-                 n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, False)
+                 n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, False, TOKEN, sk_desc, sk_smem)
         for i in gl.static_range(STAGES + 1):
             mbarrier.invalidate(bars.index(i))

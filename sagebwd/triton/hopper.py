@@ -95,24 +95,28 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
     return out
 
 
-def dq_launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, causal: bool, ws: bool):
-    """(grid, args, kwargs) of the one dQ launch; v and do may have any strides and alignment."""
+def dq_launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, causal: bool, ws: bool,
+                   token: bool = False):
+    """(grid, args, kwargs) of the one dQ launch; v and do may have any strides and alignment. token: the
+    token contract (s_q, s_k per token, s_k also by TMA with each tile pair; tile_scales unused, a
+    placeholder)."""
     b, h, n, d = q8.shape
     rows = b * h * n
     q_rows, kv_rows = dq_hopper.Q_ROWS, dq_hopper.KV_ROWS
     args = (desc(q8.reshape(rows, d), [q_rows, d]), seq_desc(do, q_rows),
             desc(k8.reshape(rows, d), [2 * kv_rows, d]), desc(k8t.reshape(b * h * d, n), [d, 2 * kv_rows]),
-            seq_desc(v, 2 * kv_rows), s_q, s_k, lse2, delta, dq, *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h)
+            seq_desc(v, 2 * kv_rows), s_q, s_k, lse2, delta, dq, *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h,
+            desc((s_k if token else lse2).reshape(rows), [2 * kv_rows]))   # block: unused
     kwargs = dict(HEAD_DIM=d, Q_ROWS=q_rows, KV_ROWS=kv_rows, CAUSAL=causal, STAGES=dq_hopper.STAGES, num_warps=8,
-                  WS=ws, PRODUCER_REGS=dq_hopper.PRODUCER_REGS)
+                  WS=ws, PRODUCER_REGS=dq_hopper.PRODUCER_REGS, TOKEN=token)
     return (n // q_rows, b * h), args, kwargs
 
 
 def run_dq(c, tuning: Tuning | None = None, *, ws: bool) -> None:
-    """The Gluon dQ (registry: dq "gluon", "gluon-ws"), on a backward.BackwardCall; its own launch
-    settings (a tool's overrides are the Triton kernels')."""
+    """The Gluon dQ (registry: dq "gluon", "gluon-ws"), on a backward.BackwardCall, in its contract; its own
+    launch settings (a tool's overrides are the Triton kernels')."""
     grid, args, kwargs = dq_launch_args(c.q8, c.k8, c.k8t, c.s_q, c.s_k, c.v, c.do, c.lse2, c.delta, c.dq,
-                                        c.tile_scales, causal=c.causal, ws=ws)
+                                        c.tile_scales, causal=c.causal, ws=ws, token=c.token)
     launch("dq", dq_hopper._dq_kernel, grid, *args, tuning=tuning, **kwargs)
 
 

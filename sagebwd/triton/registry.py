@@ -19,8 +19,8 @@ no environment variable, no module state. Experimental kernels (``sagebwd/triton
 measured slower, never a default) are imported only where a choice names them.
 
 Each quantisation contract has its rows (``quant``: "block", the paper's; "token", per-token
-scales, run by the Triton kernels with TOKEN, and on Hopper by the Gluon dK/dV with TOKEN where
-chosen); a new contract or kernel adds rows here and entries
+scales, run by the Triton kernels with TOKEN, and on Hopper by the Gluon dK/dV with TOKEN, and the
+Gluon dQ with TOKEN where chosen); a new contract or kernel adds rows here and entries
 to ``KERNELS``, and ``select`` and the printed table take them as they are.
 """
 from __future__ import annotations
@@ -122,6 +122,9 @@ TABLE = {
                                        "H100: -17% causal, -10% full vs Triton (which spills)"),
     ("sm90", 128, "dkdv", "token"): Row("gluon-ws", ("gluon", "triton"),
                                         "H100: -28% causal and full vs Triton"),
+    ("sm90", 128, "dq", "token"): Row("triton", ("gluon-ws", "gluon"),
+                                      "the Gluon token dQ is not yet timed on a GPU (offline: 16.9 / 18.5 vs "
+                                      "20.0 instr./element; the WS build spills in its causal loop)"),
 }
 
 

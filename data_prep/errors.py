@@ -7,3 +7,7 @@ class DataPrepError(RuntimeError):
     The CLI prints the message without a traceback, so every message must stand on its own:
     what was found, where, and the command or flag that fixes it.
     """
+
+
+class OtherPrepareError(DataPrepError):
+    """OUT holds a prepare run with other settings or input (`prepare` never overwrites one)."""

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from .config import PrepareConfig
-from .errors import DataPrepError
+from .errors import DataPrepError, OtherPrepareError
 from .files import sha256_bytes, write_json_atomically
 from .sources import Segment, SourceSpec, describe_units, list_units, plan_pieces
 from .split import count_val_documents
@@ -142,7 +142,7 @@ def load_or_make_plan(config: PrepareConfig, spec: SourceSpec, ranks_sha256: str
     if saved.units != spec.units:
         differences.append("the input files changed (names, sizes or modification times)")
     if differences:
-        raise DataPrepError(f"{config.out} holds a prepare run with other settings or input:\n  "
+        raise OtherPrepareError(f"{config.out} holds a prepare run with other settings or input:\n  "
                             + "\n  ".join(differences)
                             + f"\nUse a new --out, or delete {config.out} to start over.")
     spec.units = saved.units

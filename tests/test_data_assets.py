@@ -53,3 +53,27 @@ def test_demo_data_path(assets, tmp_path):
     assert inputs.shape == (4, 128) and int(inputs.max()) < 50257
     assert len(ValLoader(TokenDataset(tmp_path / "demo", "val"), 128, 4, max_batches=5)) == 5
     shutil.rmtree(tmp_path / "demo")
+
+
+def test_demo_data_prepared_from_another_place_is_made_again(assets, tmp_path):
+    """A copied or moved checkout carries a demo folder prepared from other absolute paths: the
+    demo (a cache of pinned assets) prepares it again, while `prepare` itself still refuses to
+    overwrite a folder that holds another prepare run."""
+    from data_prep.config import make_prepare_config
+    from data_prep.demo_corpus import DEMO_SEED, DEMO_VAL_FRACTION
+    from data_prep.errors import OtherPrepareError
+    from data_prep.prepare import prepare
+    from data_prep.tokenizer import RANKS_FILE_NAME
+
+    first = prepare_demo(tmp_path / "demo")
+    moved = tmp_path / "moved-assets"
+    shutil.copytree(default_assets_dir() / "shakespeare", moved / "shakespeare")
+    shutil.copy(default_assets_dir() / RANKS_FILE_NAME, moved / RANKS_FILE_NAME)
+    config = make_prepare_config(source="dir", input=str(moved / "shakespeare"), out=tmp_path / "demo",
+                                 val_fraction=DEMO_VAL_FRACTION, seed=DEMO_SEED,
+                                 ranks=moved / RANKS_FILE_NAME)
+    with pytest.raises(OtherPrepareError, match="holds a prepare run with other settings or input"):
+        prepare(config)
+    again = prepare_demo(tmp_path / "demo", assets_dir=moved)
+    assert again.splits["train"].tokens == first.splits["train"].tokens
+    assert again.splits["val"].tokens == first.splits["val"].tokens

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from sagebwd.quant import quantize_groups
 from sagebwd.simulate import SageConfig
 from sagebwd.trace import gaussian_inputs, sigma_sweep
 from tools.quant_study import (COLUMNS, DEFAULT_VARIANTS, fp8_e4m3, main, quantize_interleaved, run_variants,
@@ -31,12 +32,12 @@ def test_variant_a_reproduces_the_tracers_token_numbers():
 def test_each_variant_changes_only_its_own_quantisation_point():
     q, k, v, do = gaussian_inputs(3.0, 1, 2, 128, 64, 0)
     cfg = SageConfig(causal=True, block_q=32, block_kv=16, quant="token")
-    out = run_variants(q, k, v, do, cfg, DEFAULT_VARIANTS + ["bP", "bdO"])
+    out = run_variants(q, k, v, do, cfg, DEFAULT_VARIANTS + ["bP", "bdO", "fK"])
     a = out["a"]
     for name in ("b", "c", "bP", "bdO"):   # the dV product only
         assert all(torch.equal(out[name][c], a[c]) for c in ("o", "dq", "dk", "ds"))
         assert not torch.equal(out[name]["dv"], a["dv"])
-    for name in ("d", "e", "f"):           # O changes, and through it (d) or S (e, f) the backward
+    for name in ("d", "e", "f", "fK"):     # O changes, and through it (d) or S (e, f) the backward
         assert all(not torch.equal(out[name][c], a[c]) for c in ("o", "dq", "dk"))
     assert torch.equal(out["d"]["dv"], a["dv"])   # dV = P^T dO does not see O
 
@@ -54,6 +55,9 @@ def test_fp8_rounding_and_fragment_groups():
     for i in range(128):
         group = [t for t in range(i // 64 * 64, i // 64 * 64 + 64) if t % 8 // 2 == i % 8 // 2]
         assert len(group) == 16 and s[0, 0, i] == x[0, 0, group].abs().max() / 127
+    q1, s1 = quantize_interleaved(x, 8, 8, 1)      # groups of one token: the contract's per-token Q
+    q2, s2 = quantize_groups(x, 8, -1)
+    assert torch.equal(q1, q2) and torch.equal(s1, s2.squeeze(-1))
 
 
 @pytest.mark.parametrize("variant", ["b", "d", "e"])

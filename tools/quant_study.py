@@ -32,6 +32,9 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      4 interleaved groups per tile, token i in group (i mod 8) // 2, Q within its block_q (128)
      tile (32 tokens a scale), K within its block_kv (64) tile (16 tokens a scale).
 
+  Diagnostic (``--variants fK``): f's K grouping with Q per token, as the contract has it (Q sits
+  on the M side in the forward and the dQ kernel, where its per-token scale costs no outer product).
+
 Variants e and f keep the backward's token-contract formulas (X = dS s_K, Y = dS s_Q) with the
 group scale of each token. Fake quantisation: FP8 values are rounded to e4m3 (round to nearest even,
 subnormals kept, clamped to +-448) and the products of dequantised values are summed in fp64; the
@@ -61,6 +64,7 @@ VARIANTS = {
     "d": "fwd P~V: P~ FP8 static 448, V FP8 per channel",
     "e": "Q/K per fragment, SageAttention2 sm90 (Q 2 tok, K 32 of 128)",
     "f": "Q/K per fragment of our tiles (Q 32 of 128, K 16 of 64)",
+    "fK": "diagnostic: f's K (16 of 64), Q per token",
 }
 DEFAULT_VARIANTS = ["a", "b", "c", "d", "e", "f"]
 COLUMNS = ("o", "dq", "dk", "dv", "ds")
@@ -146,14 +150,15 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
             saved_d = saved._replace(o=_fp8_pv_output(saved, cfg))
             (dq_d, dk_d, dv_d), inter_d = backward(saved_d, do, cfg, return_intermediates=True)
             out[name] = {"o": saved_d.o, "dq": dq_d, "dk": dk_d, "dv": dv_d, "ds": inter_d.ds}
-        elif name in ("e", "f"):
+        elif name in ("e", "f", "fK"):
             ct = compute_dtype(q.dtype)
             q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)
             if name == "e":   # SageAttention2's Hopper per-thread grouping
                 q_hat, s_q = quantize_interleaved(q_sm, 16, 8, 1)
                 k_hat, s_k = quantize_interleaved(k_sm, 128, 8, 2)
             else:
-                q_hat, s_q = quantize_interleaved(q_sm, cfg.block_q, 8, 2)
+                q_hat, s_q = (quantize_interleaved(q_sm, cfg.block_q, 8, 2) if name == "f" else
+                              quantize_interleaved(q_sm, 8, 8, 1))    # groups of one token: per token
                 k_hat, s_k = quantize_interleaved(k_sm, cfg.block_kv, 8, 2)
             o_e, saved_e = forward_quantized(q_hat, s_q, k_hat, s_k, mu_q, k_sm, v, cfg, q.dtype)
             (dq_e, dk_e, dv_e), inter_e = backward(saved_e, do, cfg, return_intermediates=True)

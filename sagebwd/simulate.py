@@ -119,11 +119,18 @@ def scores(q_hat, s_q, k_hat, s_k, mu_q, k_sm, cfg: SageConfig, sm_scale: float)
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: SageConfig):
     """Algorithm 1. Returns (o in the input dtype, Saved)."""
-    b, h, n, d = q.shape
     ct = compute_dtype(q.dtype)
-    sm_scale = 1.0 / math.sqrt(d)
     q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)
-    q_hat, s_q, k_hat, s_k = quantize_qk(q_sm, k_sm, cfg)
+    return forward_quantized(*quantize_qk(q_sm, k_sm, cfg), mu_q, k_sm, v, cfg, q.dtype)
+
+
+def forward_quantized(q_hat, s_q, k_hat, s_k, mu_q, k_sm, v: torch.Tensor, cfg: SageConfig, out_dtype: torch.dtype):
+    """Algorithm 1 from the quantised Q and K on (scales as ``quantize_qk`` returns them):
+    ``forward`` after its smoothing and Q/K quantisation. ``tools/quant_study.py`` enters here with
+    other Q/K granularities (expanded to one scale per token, ``cfg.quant == "token"``)."""
+    b, h, n, d = v.shape
+    ct = compute_dtype(out_dtype)
+    sm_scale = 1.0 / math.sqrt(d)
     v_hat, s_v = quantize_row_blocks(v.to(ct), cfg.block_kv, cfg.quantize)
     s = scores(q_hat, s_q, k_hat, s_k, mu_q, k_sm, cfg, sm_scale)
 
@@ -142,7 +149,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: SageConfig):
     pv = torch.einsum("bhntk,bhtkd->bhntd", p_hat, v_hat.reshape(b, h, tn, bk, d))
     o = (pv * (w * p_scale).unsqueeze(-1) * s_v[:, :, None, :, None]).sum(dim=-2) / l.unsqueeze(-1)
     lse = row_max.squeeze(-1) + torch.log(l)
-    o = o.to(q.dtype)
+    o = o.to(out_dtype)
     return o, Saved(q_hat, s_q, k_hat, s_k, mu_q, k_sm if mu_q is not None else None, v, o, lse)
 
 

@@ -4,4 +4,5 @@
     python -m tools.offline --loop-mix   SASS instructions per score element and the issue floors (sass_mix)
     python -m tools.ncu_stalls CSV ncu's stall reasons per kernel as a table
     python -m tools.dq_add_bench   what a fused backward's fp32 dQ adds would cost (CUDA)
+    python -m tools.quant_study    FP8 / per-fragment scale variants of the token contract: rel-L2 table (CPU)
 """

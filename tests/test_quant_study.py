@@ -1,0 +1,66 @@
+"""tools/quant_study.py: the FP8 / per-fragment accuracy study stays tied to the token contract."""
+import pytest
+import torch
+
+from sagebwd.quant import quantize_groups
+from sagebwd.simulate import SageConfig
+from sagebwd.trace import gaussian_inputs, sigma_sweep
+from tools.quant_study import (COLUMNS, DEFAULT_VARIANTS, fp8_e4m3, main, quantize_interleaved, run_variants,
+                               study)
+
+TINY = dict(seq=128, head_dim=64, causal=True, block_q=32, block_kv=16)
+
+
+def test_cli_prints_a_row_per_variant_and_sigma(capsys):
+    assert main(["--seq", "128", "--block-q", "32", "--block-kv", "16", "--causal", "--sigmas", "1", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "| variant | sigma | O | dQ | dK | dV | dS |" in text
+    for name in DEFAULT_VARIANTS:
+        assert f"\n| {name} | 1 | " in text and f"\n| {name} | 8 | " in text
+    assert main(["--seq", "96", "--block-q", "32", "--block-kv", "16"]) == 2
+
+
+def test_variant_a_reproduces_the_tracers_token_numbers():
+    sigmas = [1.0, 8.0]
+    ours = study(sigmas, ["a"], **TINY)["a"]
+    cfg = SageConfig(causal=True, block_q=32, block_kv=16, quant="token")
+    traced = sigma_sweep(sigmas, seq=128, head_dim=64, cfg=cfg)
+    for s in sigmas:
+        assert {c: ours[s][c] for c in COLUMNS} == {c: traced[s][c].rel_l2 for c in COLUMNS}
+
+
+def test_each_variant_changes_only_its_own_quantisation_point():
+    q, k, v, do = gaussian_inputs(3.0, 1, 2, 128, 64, 0)
+    cfg = SageConfig(causal=True, block_q=32, block_kv=16, quant="token")
+    out = run_variants(q, k, v, do, cfg, DEFAULT_VARIANTS + ["bP", "bdO", "fK"])
+    a = out["a"]
+    for name in ("b", "c", "bP", "bdO"):   # the dV product only
+        assert all(torch.equal(out[name][c], a[c]) for c in ("o", "dq", "dk", "ds"))
+        assert not torch.equal(out[name]["dv"], a["dv"])
+    for name in ("d", "e", "f", "fK"):     # O changes, and through it (d) or S (e, f) the backward
+        assert all(not torch.equal(out[name][c], a[c]) for c in ("o", "dq", "dk"))
+    assert torch.equal(out["d"]["dv"], a["dv"])   # dV = P^T dO does not see O
+
+
+def test_fp8_rounding_and_fragment_groups():
+    x = torch.tensor([448.0, 500.0, 1.0 + 2 ** -4, 1.0 + 3 * 2 ** -4, 2.0 ** -9, 2.0 ** -11, -3.3])
+    assert fp8_e4m3(x).tolist() == [448.0, 448.0, 1.0, 1.25, 2.0 ** -9, 0.0, -3.25]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1, 128, 8, generator=g)
+    _, s = quantize_interleaved(x, 16, 8, 1)      # SageAttention2 sm90 Q: rows {r, r+8} of 16
+    for i in range(128):
+        j = i // 16 * 16 + i % 8
+        assert s[0, 0, i] == x[0, 0, [j, j + 8]].abs().max() / 127
+    _, s = quantize_interleaved(x, 64, 8, 2)      # K: (j mod 8) // 2 within each 64-token tile
+    for i in range(128):
+        group = [t for t in range(i // 64 * 64, i // 64 * 64 + 64) if t % 8 // 2 == i % 8 // 2]
+        assert len(group) == 16 and s[0, 0, i] == x[0, 0, group].abs().max() / 127
+    q1, s1 = quantize_interleaved(x, 8, 8, 1)      # groups of one token: the contract's per-token Q
+    q2, s2 = quantize_groups(x, 8, -1)
+    assert torch.equal(q1, q2) and torch.equal(s1, s2.squeeze(-1))
+
+
+@pytest.mark.parametrize("variant", ["b", "d", "e"])
+def test_variants_stay_close_to_fpa(variant):
+    r = study([1.0], [variant], **TINY)[variant][1.0]
+    assert all(0 < r[c] < 0.05 for c in COLUMNS)

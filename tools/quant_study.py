@@ -1,0 +1,235 @@
+"""Accuracy study for kernel-notes plan item 4: FP8 products and per-fragment Q/K scales in the
+"token" contract, by fake quantisation on the CPU.
+
+    python -m tools.quant_study [--seq 1024] [--head-dim 64] [--causal] [--sigmas 1 3 5 8] [--seeds 1]
+                                [--variants a b c d e f] [--json PATH]
+
+Each variant is the token contract (``sagebwd.simulate``, ``quant="token"``) with ONE quantisation
+point changed; everything else is the simulation's own code path, so variant (a) is exactly what
+``python -m sagebwd.trace sigma --quant token`` measures (tests/test_quant_study.py checks it), and
+the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 inputs
+(``sagebwd.trace.gaussian_inputs``: Q, K with std sigma, V and dO std 1; batch 1, 2 heads).
+
+  a  the token contract as today (baseline).
+  b  dV = P^T dO in FP8 e4m3: P = exp(S - LSE) with the static scale 448 (P <= 1, no maximum),
+     dO with an amax scale per (block_q x D) block, the token contract's dO granularity.
+  c  as b, but dO with an amax scale per token (1 x D). The scale runs along dV's reduction
+     axis, so a kernel could not apply it after the product; the fake quantisation applies it
+     exactly (an upper bound on what a kernel gets).
+  Diagnostics, not in the default list (``--variants bP bdO``): the two halves of b's dV error,
+  bP  P in FP8 as in b, dO unquantised;  bdO  dO in FP8 as in b, P unquantised.
+  d  the forward's P~ V in FP8 e4m3 (SageAttention2's forward): P~ = exp(S - m) with m the online
+     softmax's running maximum when tile j is reached (kv tiles in ascending order), static scale
+     448; V with an amax scale per channel over the whole sequence. Replaces INT8 P~ per token and
+     V per (block_kv x D) block. The saved O (and so delta in the backward) is this O.
+  e  Q and K scales per thread fragment as SageAttention2 quantises for its Hopper kernel
+     (``per_thread_int8(..., BLKQ=64, WARPQ=16, BLKK=128, WARPK=128)``): Q, one scale per pair of
+     tokens {r, r+8} of each 16-row warp slab (the rows a thread holds in the wgmma accumulator);
+     K, one scale per 32 tokens of each 128-token block, token j in group (j mod 8) // 2 (the
+     columns a thread holds). INT8 as in the contract; S's scale is one value per thread.
+  f  Q and K per fragment of this project's tiles, the grouping that is one scale per thread in
+     every kernel (Q on the M side in the forward and dQ, on the N side in dK/dV; K the other way):
+     4 interleaved groups per tile, token i in group (i mod 8) // 2, Q within its block_q (128)
+     tile (32 tokens a scale), K within its block_kv (64) tile (16 tokens a scale).
+
+  Diagnostic (``--variants fK``): f's K grouping with Q per token, as the contract has it (Q sits
+  on the M side in the forward and the dQ kernel, where its per-token scale costs no outer product).
+
+Variants e and f keep the backward's token-contract formulas (X = dS s_K, Y = dS s_Q) with the
+group scale of each token. Fake quantisation: FP8 values are rounded to e4m3 (round to nearest even,
+subnormals kept, clamped to +-448) and the products of dequantised values are summed in fp64; the
+FP8 wgmma's reduced-precision accumulator is not modelled. INT8 points are the simulation's, exact.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import torch
+
+from sagebwd.fpa import fpa_attention
+from sagebwd.quant import quantize_groups
+from sagebwd.simulate import SageConfig, backward, compute_dtype, forward, forward_quantized, scores, smooth
+from sagebwd.trace import error_stats, gaussian_inputs
+from sagebwd.validate import SUPPORTED_HEAD_DIMS
+
+VARIANTS = {
+    "a": "token contract (baseline)",
+    "b": "dV: P FP8 static 448, dO FP8 per block",
+    "c": "dV: P FP8 static 448, dO FP8 per token",
+    "bP": "diagnostic: b's FP8 P only (dO exact)",
+    "bdO": "diagnostic: b's FP8 dO only (P exact)",
+    "d": "fwd P~V: P~ FP8 static 448, V FP8 per channel",
+    "e": "Q/K per fragment, SageAttention2 sm90 (Q 2 tok, K 32 of 128)",
+    "f": "Q/K per fragment of our tiles (Q 32 of 128, K 16 of 64)",
+    "fK": "diagnostic: f's K (16 of 64), Q per token",
+}
+DEFAULT_VARIANTS = ["a", "b", "c", "d", "e", "f"]
+COLUMNS = ("o", "dq", "dk", "dv", "ds")
+LABELS = {"o": "O", "dq": "dQ", "dk": "dK", "dv": "dV", "ds": "dS"}
+FP8_MAX = 448.0   # largest finite float8_e4m3fn
+
+
+def fp8_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to float8 e4m3fn (nearest even, subnormals kept), in x's dtype."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype)
+
+
+def fp8_fake_quant(x: torch.Tensor, reduce_dims: tuple[int, ...]) -> torch.Tensor:
+    """Dequantised FP8 of x with an amax scale (amax / 448) per group over reduce_dims."""
+    amax = x.abs().amax(dim=reduce_dims, keepdim=True)
+    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    return fp8_e4m3(x * (FP8_MAX / safe)) * (safe / FP8_MAX)
+
+
+def quantize_interleaved(x: torch.Tensor, block: int, period: int = 8, run: int = 2):
+    """INT8 of x (B, H, N, D) with one scale per thread-fragment group: within each block of
+    ``block`` tokens, token i belongs to group (i mod period) // run. Returns q (x's shape) and the
+    scale of each token's group, (B, H, N): the form the token contract's formulas consume."""
+    b, h, n, d = x.shape
+    a, g = block // period, period // run
+    xs = x.reshape(b, h, n // block, a, g, run, d).permute(0, 1, 2, 4, 3, 5, 6)   # groups contiguous
+    q, s = quantize_groups(xs.reshape(b, h, -1, a * run * d), a * run * d, -1)
+    q = q.reshape(b, h, n // block, g, a, run, d).permute(0, 1, 2, 4, 3, 5, 6).reshape(b, h, n, d)
+    s = s.reshape(b, h, n // block, g, 1, 1).expand(-1, -1, -1, -1, a, run)
+    return q, s.permute(0, 1, 2, 4, 3, 5).reshape(b, h, n)
+
+
+def _backward_p(saved, cfg: SageConfig) -> torch.Tensor:
+    """P = exp(S - LSE) exactly as the simulation's backward forms it."""
+    sm_scale = 1.0 / math.sqrt(saved.v.shape[-1])
+    s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, sm_scale)
+    return torch.exp(s - saved.lse.unsqueeze(-1))
+
+
+def _fp8_dv(saved, do: torch.Tensor, cfg: SageConfig, do_per_token: bool = False, fp8_p: bool = True,
+            fp8_do: bool = True) -> torch.Tensor:
+    b, h, n, d = saved.v.shape
+    p8 = _backward_p(saved, cfg).double()
+    if fp8_p:
+        p8 = fp8_e4m3(p8 * FP8_MAX) / FP8_MAX                                   # static scale: no maximum
+    do8 = do.double()
+    if fp8_do:
+        do_blocks = do8.reshape(b, h, n // cfg.block_q, cfg.block_q, d)
+        do8 = fp8_fake_quant(do_blocks, (-1,) if do_per_token else (-2, -1)).reshape(b, h, n, d)
+    return (p8.transpose(-1, -2) @ do8).to(saved.v.dtype)
+
+
+def _fp8_pv_output(saved, cfg: SageConfig) -> torch.Tensor:
+    """O with P~ V in FP8: P~ relative to the running max, static scale; V per channel."""
+    b, h, n, d = saved.v.shape
+    tn, bk = n // cfg.block_kv, cfg.block_kv
+    sm_scale = 1.0 / math.sqrt(d)
+    s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, sm_scale).double()
+    s_tiles = s.reshape(b, h, n, tn, bk)
+    m_run = s_tiles.amax(dim=-1).cummax(dim=-1).values      # finite: kv tile 0 is never fully masked
+    p8 = fp8_e4m3(torch.exp(s_tiles - m_run.unsqueeze(-1)) * FP8_MAX) / FP8_MAX
+    v8 = fp8_fake_quant(saved.v.double(), (-2,))             # per channel over the whole sequence
+    w = torch.exp(m_run - saved.lse.double().unsqueeze(-1))  # exp(m_j - m) / l, l from unquantised P~
+    o = torch.einsum("bhntk,bhtkd->bhnd", p8 * w.unsqueeze(-1), v8.reshape(b, h, tn, bk, d))
+    return o.to(saved.v.dtype)
+
+
+def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, torch.Tensor]]:
+    """O, dQ, dK, dV and dS (as dQ consumes it) of each variant for one input."""
+    assert cfg.quant == "token", "the variants modify the token contract"
+    out = {}
+    o, saved = forward(q, k, v, cfg)
+    (dq, dk, dv), inter = backward(saved, do, cfg, return_intermediates=True)
+    base = {"o": o, "dq": dq, "dk": dk, "dv": dv, "ds": inter.ds}
+    for name in variants:
+        if name == "a":
+            out[name] = base
+        elif name in ("b", "c"):
+            out[name] = {**base, "dv": _fp8_dv(saved, do, cfg, do_per_token=name == "c")}
+        elif name in ("bP", "bdO"):
+            out[name] = {**base, "dv": _fp8_dv(saved, do, cfg, fp8_p=name == "bP", fp8_do=name == "bdO")}
+        elif name == "d":
+            saved_d = saved._replace(o=_fp8_pv_output(saved, cfg))
+            (dq_d, dk_d, dv_d), inter_d = backward(saved_d, do, cfg, return_intermediates=True)
+            out[name] = {"o": saved_d.o, "dq": dq_d, "dk": dk_d, "dv": dv_d, "ds": inter_d.ds}
+        elif name in ("e", "f", "fK"):
+            ct = compute_dtype(q.dtype)
+            q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)
+            if name == "e":   # SageAttention2's Hopper per-thread grouping
+                q_hat, s_q = quantize_interleaved(q_sm, 16, 8, 1)
+                k_hat, s_k = quantize_interleaved(k_sm, 128, 8, 2)
+            else:
+                q_hat, s_q = (quantize_interleaved(q_sm, cfg.block_q, 8, 2) if name == "f" else
+                              quantize_interleaved(q_sm, 8, 8, 1))    # groups of one token: per token
+                k_hat, s_k = quantize_interleaved(k_sm, cfg.block_kv, 8, 2)
+            o_e, saved_e = forward_quantized(q_hat, s_q, k_hat, s_k, mu_q, k_sm, v, cfg, q.dtype)
+            (dq_e, dk_e, dv_e), inter_e = backward(saved_e, do, cfg, return_intermediates=True)
+            out[name] = {"o": o_e, "dq": dq_e, "dk": dk_e, "dv": dv_e, "ds": inter_e.ds}
+        else:
+            raise ValueError(f"unknown variant {name!r}; choose from {sorted(VARIANTS)}")
+    return out
+
+
+def study(sigmas, variants, *, seq: int, head_dim: int, causal: bool, seeds: int = 1, batch: int = 1,
+          heads: int = 2, block_q: int = 128, block_kv: int = 64) -> dict[str, dict[float, dict[str, float]]]:
+    """rel-L2 against FPA, mean over seeds 0..seeds-1: {variant: {sigma: {column: value}}}."""
+    cfg = SageConfig(causal=causal, block_q=block_q, block_kv=block_kv, quant="token")
+    acc = {name: {s: {c: 0.0 for c in COLUMNS} for s in sigmas} for name in variants}
+    for sigma in sigmas:
+        for seed in range(seeds):
+            q, k, v, do = gaussian_inputs(sigma, batch, heads, seq, head_dim, seed)
+            ref = fpa_attention(q, k, v, do, causal=causal)
+            for name, tensors in run_variants(q, k, v, do, cfg, variants).items():
+                for c in COLUMNS:
+                    acc[name][sigma][c] += error_stats(tensors[c], getattr(ref, c)).rel_l2 / seeds
+    return acc
+
+
+def format_table(results, columns=COLUMNS) -> str:
+    lines = ["| variant | sigma | " + " | ".join(f"{LABELS[c]}" for c in columns) + " |",
+             "|" + "---|" * (2 + len(columns))]
+    for name, rows in results.items():
+        for sigma, vals in rows.items():
+            lines.append(f"| {name} | {sigma:g} | " + " | ".join(f"{vals[c]:.4f}" for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tools.quant_study", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--head-dim", type=int, default=64, choices=SUPPORTED_HEAD_DIMS)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--sigmas", type=float, nargs="+", default=[1, 3, 5, 8])
+    p.add_argument("--seeds", type=int, default=1, help="mean over seeds 0..SEEDS-1 (seed 0 alone by default)")
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--block-q", type=int, default=128)
+    p.add_argument("--block-kv", type=int, default=64)
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
+    p.add_argument("--json", help="also write the numbers to this JSON file")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.seq % max(args.block_q, args.block_kv, 128 if "e" in args.variants else 1):
+        print(f"error: --seq {args.seq} must be a multiple of the blocks (and of 128 for variant e)", file=sys.stderr)
+        return 2
+    results = study(args.sigmas, args.variants, seq=args.seq, head_dim=args.head_dim, causal=args.causal,
+                    seeds=args.seeds, heads=args.heads, block_q=args.block_q, block_kv=args.block_kv)
+    print(f"rel-L2 vs FPA (fp32), token contract variants; B=1 H={args.heads} N={args.seq} D={args.head_dim} "
+          f"causal={args.causal} blocks={args.block_q}x{args.block_kv} K-smoothing; "
+          + (f"mean over seeds 0-{args.seeds - 1}" if args.seeds > 1 else "seed 0"))
+    print(format_table(results))
+    print()
+    for name in args.variants:
+        print(f"{name}: {VARIANTS[name]}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"seq": args.seq, "head_dim": args.head_dim, "causal": args.causal, "seeds": args.seeds,
+                       "heads": args.heads, "variants": {n: VARIANTS[n] for n in args.variants},
+                       "rel_l2": {n: {str(s): r for s, r in rows.items()} for n, rows in results.items()}}, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

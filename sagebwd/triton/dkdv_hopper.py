@@ -420,6 +420,25 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
 
 
 @gluon.jit
+def _int8_rows_dot(x_a, x_b, inv, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_A: gl.constexpr,
+                   SLICE: gl.constexpr, BLOCKED: gl.constexpr):
+    """The token contract's INT8 product of one q block: the rows of x^T (kv rows; both q slices,
+    x_a read only if HAS_A) quantised with their row scale's inverse, times the slices' INT8 tiles
+    in `smem`, chained in int32; issued asynchronously (dV = P^T dO, dK = Y^T Q)."""
+    if HAS_A:
+        x8_a = as_a_operand(_int8_bits(x_a, inv[:, None]).to(gl.int8), op_layout)
+        acc = warpgroup_mma(x8_a, _cols(smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc,
+                            use_acc=False, is_async=True)
+    x8_b = as_a_operand(_int8_bits(x_b, inv[:, None]).to(gl.int8), op_layout)
+    if HAS_A:
+        acc = warpgroup_mma(x8_b, _cols(smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), acc, is_async=True)
+    else:
+        acc = warpgroup_mma(x8_b, _cols(smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc,
+                            use_acc=False, is_async=True)
+    return acc
+
+
+@gluon.jit
 def _row_scales(amax):
     """backward.py's tile_scales(amax, False) per kv row (the token contract's P^T and Y^T scales): the
     scale by a multiply with fl(1/127), 1/scale by the approximate division, 0 for an all-zero row."""
@@ -526,17 +545,8 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         if HAS_A:
             p_max = gl.maximum(_p_bits_max(p_a), p_max)
         p_scale, p_inv = _row_scales(p_max.to(gl.float32, bitcast=True))
-        if HAS_A:
-            p8_a = as_a_operand(_int8_bits(p_a, p_inv[:, None]).to(gl.int8), op_layout)
-            dv_int = warpgroup_mma(p8_a, _cols(dot_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc,
-                                   use_acc=False, is_async=True)
-        p8_b = as_a_operand(_int8_bits(p_b, p_inv[:, None]).to(gl.int8), op_layout)
-        if HAS_A:
-            dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), dv_int,
-                                   is_async=True)
-        else:
-            dv_int = warpgroup_mma(p8_b, _cols(dot_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc,
-                                   use_acc=False, is_async=True)
+        dv_int = _int8_rows_dot(p_a if HAS_A else p_b, p_b, p_inv, dot_smem, slot, op_layout, zero_acc, HAS_A,
+                                SLICE, BLOCKED)
         # per kv row, into the accumulator's layout (the same rows per thread: no data moves)
         dv_scale = gl.convert_layout(p_scale * s_do, gl.SliceLayout(1, acc_layout))[:, None]
     if PASS == BOTH:
@@ -564,17 +574,8 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         if HAS_A:
             y_max = gl.maximum(gl.max(gl.abs(p_a), axis=1), y_max)
         y_scale, y_inv = _row_scales(y_max)
-        if HAS_A:
-            y8_a = as_a_operand(_int8_bits(p_a, y_inv[:, None]).to(gl.int8), op_layout)
-            dk_int = warpgroup_mma(y8_a, _cols(qt_smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc,
-                                   use_acc=False, is_async=True)
-        y8_b = as_a_operand(_int8_bits(y_b, y_inv[:, None]).to(gl.int8), op_layout)
-        if HAS_A:
-            dk_int = warpgroup_mma(y8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), dk_int,
-                                   is_async=True)
-        else:
-            dk_int = warpgroup_mma(y8_b, _cols(qt_smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc,
-                                   use_acc=False, is_async=True)
+        dk_int = _int8_rows_dot(p_a if HAS_A else y_b, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, HAS_A,
+                                SLICE, BLOCKED)
         dk_int = warpgroup_mma_wait(0, deps=[dk_int])
         dk += dk_int.to(gl.float32) * gl.convert_layout(y_scale, gl.SliceLayout(1, acc_layout))[:, None]
 

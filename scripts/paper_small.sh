@@ -10,14 +10,14 @@
 # Usage, from the repository root of a GPU node with the suite installed and the corpus in
 # .cache/data/pd-english (`python -m data_prep prepare-corpus pd-english`; copy it over if the
 # node has no network):
-#   bash scripts/paper_small.sh            # NODE=h100-1 PARALLEL=7 by default
+#   bash scripts/paper_small.sh            # NODE=h100-1 PARALLEL=5 by default
 # Everything is logged to the MLflow store the trainer uses ($MLFLOW_TRACKING_URI, else
 # .cache/mlflow.db); each run's output is in runs/<manifest>/<run>/local.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 NODE="${NODE:-h100-1}"
-PARALLEL="${PARALLEL:-7}"
+PARALLEL="${PARALLEL:-5}"   # 5 x ~12 GB fit an 80 GB H100; 7 ran out of memory
 OUT="${RESULTS_DIR:-runs/paper-small-results}"
 export MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=1
 mkdir -p "$OUT"

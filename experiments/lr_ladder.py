@@ -120,7 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true",
                         help="write the chosen LR into the ladder's base config (optimizer.lr)")
     args = parser.parse_args(argv)
-    rungs, plan = read_ladder(args.manifest, args.node, args.tracking_uri)
+    from experiments.compare.store import CompareError
+    from experiments.grid.errors import ManifestError
+
+    try:
+        rungs, plan = read_ladder(args.manifest, args.node, args.tracking_uri)
+    except (ManifestError, CompareError) as err:   # no such manifest, no store, no runs of it yet
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     chosen = pick(rungs)
     print(table(rungs, chosen))
     if chosen is None:

@@ -38,3 +38,12 @@ def test_write_lr_replaces_the_base_configs_lr_and_its_comment(tmp_path):
         {k: v for k, v in before.items() if k != "optimizer"}
     text = base.read_text()
     assert "  # chosen by the ladder\n  # second line\n  lr: 0.004\n" in text and "PROVISIONAL" not in text
+
+
+def test_the_command_names_a_missing_manifest_or_store(tmp_path, capsys):
+    from experiments.lr_ladder import main
+
+    assert main(["--manifest", "no-such-ladder"]) == 2
+    assert "no-such-ladder.yaml does not exist" in capsys.readouterr().err
+    assert main(["--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"]) == 2
+    assert "there is no MLflow store" in capsys.readouterr().err

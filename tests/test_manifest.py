@@ -296,6 +296,12 @@ def test_local_executor_runs_the_smoke_grid_with_the_real_trainer(tmp_path):
         by_name["smoke@cpu"].info.run_id
 
 
+def test_run_rejects_a_parallel_count_below_one_before_planning():
+    out = run_cli("run", "smoke", "--parallel", "0")
+    assert out.returncode == 2 and "--parallel: '0': give how many runs may share" in out.stderr
+    assert "smoke-tps128" not in out.stdout   # no plan table: nothing was planned
+
+
 def test_local_executor_runs_jobs_side_by_side_into_one_store(tmp_path):
     """--parallel 2: both smoke runs at once, each logging to its own local.log, one parent run."""
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}

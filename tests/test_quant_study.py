@@ -64,3 +64,16 @@ def test_fp8_rounding_and_fragment_groups():
 def test_variants_stay_close_to_fpa(variant):
     r = study([1.0], [variant], **TINY)[variant][1.0]
     assert all(0 < r[c] < 0.05 for c in COLUMNS)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--seeds", "0"], "--seeds 0: every value must be positive"),
+    (["--sigmas", "1", "-3"], "--sigmas 1 -3: every value must be positive"),
+    (["--seq", "100"], "--seq 100 must be a multiple of the blocks"),
+])
+def test_cli_rejects_bad_values_by_name(argv, message, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as stop:   # argparse's parser.error
+        code = stop.code
+    assert code == 2 and message in capsys.readouterr().err

@@ -209,7 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag, values in (("--sigmas", args.sigmas), ("--seeds", [args.seeds]), ("--heads", [args.heads]),
+                         ("--seq", [args.seq])):
+        if any(not v > 0 for v in values):
+            parser.error(f"{flag} {' '.join(f'{v:g}' for v in values)}: every value must be positive")
     if args.seq % max(args.block_q, args.block_kv, 128 if "e" in args.variants else 1):
         print(f"error: --seq {args.seq} must be a multiple of the blocks (and of 128 for variant e)", file=sys.stderr)
         return 2

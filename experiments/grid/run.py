@@ -16,6 +16,18 @@ from experiments.grid.plan import plan_manifest
 from experiments.paths import REPO_ROOT
 
 
+def at_least_one(text: str) -> int:
+    """--parallel's value, checked before the plan is built."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give how many runs may share this machine at "
+                                         "once, 1 or more")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_manifest_arguments(parser)
     parser.add_argument("--executor", choices=["local", "slurm"], default="local",
@@ -23,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs-dir", help="where run folders go (default <repo>/runs)")
     parser.add_argument("--keep-going", action="store_true",
                         help="local: carry on after a failed run")
-    parser.add_argument("--parallel", type=int, default=1, metavar="N",
+    parser.add_argument("--parallel", type=at_least_one, default=1, metavar="N",
                         help="local: run up to N jobs at once (small models sharing a GPU; "
                              "each run's output then goes to its local.log only)")
 

@@ -138,6 +138,20 @@ def test_gluon_kernels_match_simulation(causal, head_dim):
         assert err <= TOLERANCE[torch.bfloat16], f"{name}: Gluon kernels vs simulation {err:.2e}"
 
 
+def _assert_token_kernels_match_triton(shape, causal, choices):
+    """Each kernel choice against the Triton token kernels on the same inputs: finite, within a rel.
+    L2 of 1e-3 (checked first, so that a failure says how far apart), then bit-identical."""
+    ref = _forward_backward(shape, causal, TRITON, quant="token")
+    for kernels in choices:
+        got = _forward_backward(shape, causal, kernels, quant="token")
+        for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
+            assert bool(torch.isfinite(a).all()), f"{name}: {kernels} left non-finite values"
+            err = float((a.double() - b.double()).norm() / b.double().norm())
+            assert err <= 1e-3, f"{name}: {kernels} vs the Triton token kernel {err:.2e}"
+            assert torch.equal(a, b), (f"{name}: {kernels} changed {int((a != b).sum())} of {a.numel()} elements "
+                                       f"(rel. L2 {err:.2e})")
+
+
 TOKEN_GLUON_DKDV = ("triton,dkdv=gluon-ws", "triton,dkdv=gluon")   # the token contract's Gluon dK/dV (opt-in)
 
 
@@ -150,15 +164,7 @@ def test_token_gluon_dkdv_matches_the_triton_kernel(shape, causal):
     same inputs: backward.py's TOKEN arithmetic in its order (the same roundings; integer dots exact,
     a q block's two slices chained in int32), so dK and dV are expected bit-identical; O and dQ come
     from the same Triton kernels. The rel. L2 bound first, so that a failure says how far apart."""
-    ref = _forward_backward(shape, causal, TRITON, quant="token")
-    for kernels in TOKEN_GLUON_DKDV:
-        got = _forward_backward(shape, causal, kernels, quant="token")
-        for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
-            assert bool(torch.isfinite(a).all()), f"{name}: {kernels} left non-finite values"
-            err = float((a.double() - b.double()).norm() / b.double().norm())
-            assert err <= 1e-3, f"{name}: {kernels} vs the Triton token kernel {err:.2e}"
-            assert torch.equal(a, b), (f"{name}: {kernels} changed {int((a != b).sum())} of {a.numel()} elements "
-                                       f"(rel. L2 {err:.2e})")
+    _assert_token_kernels_match_triton(shape, causal, TOKEN_GLUON_DKDV)
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
@@ -195,15 +201,7 @@ def test_token_gluon_dq_matches_the_triton_kernel(shape, causal):
     tile_scales(max|X|, False) per q row, dQ += int(X^ K^) * scale, tiles in the same order), so dQ is
     expected bit-identical; O, dK and dV come from the same Triton kernels. The rel. L2 bound first, so
     that a failure says how far apart."""
-    ref = _forward_backward(shape, causal, TRITON, quant="token")
-    for kernels in TOKEN_GLUON_DQ:
-        got = _forward_backward(shape, causal, kernels, quant="token")
-        for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
-            assert bool(torch.isfinite(a).all()), f"{name}: {kernels} left non-finite values"
-            err = float((a.double() - b.double()).norm() / b.double().norm())
-            assert err <= 1e-3, f"{name}: {kernels} vs the Triton token kernel {err:.2e}"
-            assert torch.equal(a, b), (f"{name}: {kernels} changed {int((a != b).sum())} of {a.numel()} elements "
-                                       f"(rel. L2 {err:.2e})")
+    _assert_token_kernels_match_triton(shape, causal, TOKEN_GLUON_DQ)
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")

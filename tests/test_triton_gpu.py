@@ -188,12 +188,12 @@ def test_token_gluon_dkdv_takes_any_layout_of_v_and_do(layout, head_dim):
         assert torch.equal(a, b), f"{name} differs with {layout} v/dO"
 
 
-TOKEN_GLUON_DQ = ("triton,dq=gluon-ws", "triton,dq=gluon")   # the token contract's Gluon dQ (opt-in, d=128)
+TOKEN_GLUON_DQ = ("triton,dq=gluon-ws", "triton,dq=gluon")   # the token contract's Gluon dQ (d=64 and 128)
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
 @pytest.mark.parametrize("shape", [(1, 4, 2048, 128), (2, 3, 384, 128), (1, 2, 128, 128), (1, 2, 4224, 128),
-                                   (2, 2, 256, 128)])
+                                   (2, 2, 256, 128), (1, 4, 2048, 64), (2, 3, 384, 64), (1, 2, 4224, 64)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_token_gluon_dq_matches_the_triton_kernel(shape, causal):
     """The Gluon dQ with TOKEN (warp-specialised and not) against the Triton token dQ on the same inputs:
@@ -207,9 +207,10 @@ def test_token_gluon_dq_matches_the_triton_kernel(shape, causal):
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
 @pytest.mark.parametrize("kernels", ["dq=gluon-ws", "dq=gluon"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_token_gluon_dq_matches_simulation(causal, kernels):
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_token_gluon_dq_matches_simulation(causal, kernels, head_dim):
     """With the default token dK/dV (Gluon WS) beside it: the whole token backward on Gluon kernels."""
-    r = check_case((1, 4, 2048, 128), torch.bfloat16, causal, False, reruns=5, quant="token", kernels=kernels)
+    r = check_case((1, 4, 2048, head_dim), torch.bfloat16, causal, False, reruns=5, quant="token", kernels=kernels)
     assert r["all_written"] and r["reproducible"], r
     for name, err in r["rel_l2_vs_sim"].items():
         assert err <= TOLERANCE[torch.bfloat16], f"{name}: token Gluon dQ vs simulation {err:.2e}"
@@ -217,10 +218,11 @@ def test_token_gluon_dq_matches_simulation(causal, kernels):
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
 @pytest.mark.parametrize("layout", ["misaligned", "model"])
-def test_token_gluon_dq_takes_any_layout_of_v_and_do(layout):
-    ref = _forward_backward((2, 3, 384, 128), True, TRITON, quant="token")
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_token_gluon_dq_takes_any_layout_of_v_and_do(layout, head_dim):
+    ref = _forward_backward((2, 3, 384, head_dim), True, TRITON, quant="token")
     for kernels in TOKEN_GLUON_DQ:
-        got = _forward_backward((2, 3, 384, 128), True, kernels, layout, quant="token")
+        got = _forward_backward((2, 3, 384, head_dim), True, kernels, layout, quant="token")
         for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
             assert torch.equal(a, b), f"{name} differs with {layout} v/dO ({kernels})"
 

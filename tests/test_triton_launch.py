@@ -89,20 +89,21 @@ def test_kernel_choice_is_validated_and_never_leaves_sm90():
         assert registry.resolve("sm90", d, "dkdv", "token", **{**shape, "seq": 192}).name == "gluon"
         assert registry.select("sm90", d, "dkdv", "token", "fused").name == "gluon-ws"   # fused is block's only
         assert registry.select("generic", d, "dkdv", "token", "dkdv=gluon-ws").name == "triton"
-        assert registry.select("sm90", d, "dq", "token").name == "triton"
-    # ... and its Gluon dQ at d=128 where chosen (not yet the default: untimed), Triton's outside its limits
-    # (Q-smoothing, blocks); not at d=64, as in the block contract
-    for name in ("gluon-ws", "gluon"):
-        assert registry.select("sm90", 128, "dq", "token", f"dq={name}").name == name
-        assert registry.resolve("sm90", 128, "dq", "token", f"dq={name}", **shape).name == name
-        assert registry.resolve("sm90", 128, "dq", "token", f"dq={name}", **{**shape, "smooth_q": True}).name \
-            == "triton"
-        assert registry.resolve("sm90", 128, "dq", "token", f"dq={name}", **{**shape, "block_kv": 128}).name \
-            == "triton"
-        assert registry.select("sm90", 64, "dq", "token", f"dq={name}").name == "triton"
-        assert registry.select("generic", 128, "dq", "token", f"dq={name}").name == "triton"
-    assert registry.select("sm90", 128, "dq", "token", "fused").name == "triton"   # fused is block's only
-    assert "not yet timed on a GPU" in registry.TABLE[("sm90", 128, "dq", "token")].why
+    # ... and its Gluon dQ (H100: warp-specialised at d=64, the plain kernel at d=128), Triton's where
+    # chosen and outside its limits (Q-smoothing, blocks) and off Hopper
+    defaults = {64: "gluon-ws", 128: "gluon"}
+    for d in registry.HEAD_DIMS:
+        assert registry.select("sm90", d, "dq", "token").name == defaults[d]
+        assert registry.select("sm90", d, "dq", "token", "triton").name == "triton"
+        assert registry.select("sm90", d, "dq", "token", "fused").name == defaults[d]   # fused is block's only
+        for name in ("gluon-ws", "gluon"):
+            assert registry.select("sm90", d, "dq", "token", f"dq={name}").name == name
+            assert registry.resolve("sm90", d, "dq", "token", f"dq={name}", **shape).name == name
+            assert registry.resolve("sm90", d, "dq", "token", f"dq={name}", **{**shape, "smooth_q": True}).name \
+                == "triton"
+            assert registry.resolve("sm90", d, "dq", "token", f"dq={name}", **{**shape, "block_kv": 128}).name \
+                == "triton"
+            assert registry.select("generic", d, "dq", "token", f"dq={name}").name == "triton"
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -116,15 +116,16 @@ TABLE = {
     ("sm90", 128, "dkdv", "block"): Row("gluon-ws", ("gluon", "triton"),
                                         "Gluon -8..-24%, warp-specialised -5..-12% more"),
     **{("generic", d, p, "block"): Row("triton") for d in HEAD_DIMS for p in PASSES},
-    # the "token" contract: the Triton kernels with TOKEN, on every GPU; on Hopper the Gluon dK/dV
+    # the "token" contract: the Triton kernels with TOKEN, on every GPU; on Hopper the Gluon dK/dV and dQ
     **{(arch, d, p, "token"): Row("triton") for arch in ARCHES for d in HEAD_DIMS for p in PASSES},
     ("sm90", 64, "dkdv", "token"): Row("gluon-ws", ("gluon", "triton"),
                                        "H100: -17% causal, -10% full vs Triton (which spills)"),
     ("sm90", 128, "dkdv", "token"): Row("gluon-ws", ("gluon", "triton"),
                                         "H100: -28% causal and full vs Triton"),
-    ("sm90", 128, "dq", "token"): Row("triton", ("gluon-ws", "gluon"),
-                                      "the Gluon token dQ is not yet timed on a GPU (offline: 16.9 / 18.5 vs "
-                                      "20.0 instr./element; the WS build spills in its causal loop)"),
+    ("sm90", 64, "dq", "token"): Row("gluon-ws", ("gluon", "triton"),
+                                     "H100: warp-specialised -8..-12% vs Triton; plain Gluon -4..+3%"),
+    ("sm90", 128, "dq", "token"): Row("gluon", ("gluon-ws", "triton"),
+                                      "H100: -19% causal, -27% full vs Triton; warp-specialised +1% (it spills)"),
 }
 
 

@@ -32,7 +32,7 @@ def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "n
     op in the compiled graph (its torch.library registration); "reduce-overhead" replays the
     step from CUDA graphs, which removes the op's host time (docs/benchmarks.md, "Host time")."""
     from launcher.data import build_batches
-    from launcher.train import lm_loss
+    from launcher.train import micro_batch_loss
     from model import Llama
 
     torch.manual_seed(config.seed)
@@ -49,7 +49,7 @@ def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "n
             p.grad = None
         if compile_mode == "reduce-overhead":   # a new step: the graphs' outputs may be overwritten
             torch.compiler.cudagraph_mark_step_begin()
-        lm_loss(forward(x), y).backward()
+        micro_batch_loss(forward, x, y, config.model.loss_impl).backward()
 
     def sync():
         if device.type == "cuda":

@@ -86,6 +86,16 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def micro_batch_loss(model, x: torch.Tensor, y: torch.Tensor, loss_impl: str, start_pos: int = 0) -> torch.Tensor:
+    """The trainer's mean loss of one micro-batch, by `model.loss_impl`: "plain" (the reference)
+    takes the logits out of the model; "chunked" has the model compute its LM head and loss
+    without whole-batch logits (model/loss.py). `model` is the module, its engine or its
+    compiled form (the trainer, launcher.profile_step and benchmarks.train_throughput)."""
+    if loss_impl == "plain":
+        return lm_loss(model(x, start_pos=start_pos), y)
+    return model(x, start_pos=start_pos, targets=y)
+
+
 class Shard:
     """This rank's slice of every sample: tokens [sp_rank * L/sp, (sp_rank+1) * L/sp)."""
 
@@ -109,10 +119,7 @@ class Shard:
         """Mean loss over this rank's tokens. The SP ranks' losses average to the sample's
         loss, and their partial gradients sum to its gradient (see launcher.engine)."""
         x, y = (self.to_device(t[:, self.start:self.stop]) for t in batch)
-        if self.loss_impl == "plain":   # the reference: the logits out of the model
-            return lm_loss(engine(x, start_pos=self.start), y)
-        # model.loss_impl "chunked": the model's LM head and loss, without whole-batch logits
-        return engine(x, start_pos=self.start, targets=y)
+        return micro_batch_loss(engine, x, y, self.loss_impl, self.start)
 
 
 def _plain_grad_norm(engine) -> torch.Tensor | None:

@@ -54,3 +54,25 @@ def test_rejects_counts_below_one(config_path, argv, message, capsys):
 def test_a_bad_config_key_is_an_error_not_a_traceback(config_path, capsys):
     assert profile_step.main(["--config", str(config_path), "--set", "model.attention=int4"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("loss_impl", ["plain", "chunked"])
+def test_the_step_runs_the_configured_loss(tmp_path, loss_impl):
+    """The profiled step computes the trainer's loss (launcher.train.micro_batch_loss): with
+    model.loss_impl chunked, a logsumexp per chunk of tokens and no whole-batch log-softmax."""
+    from launcher.config import load_run_config
+
+    run = {**RUN, "model": {**RUN["model"], "attention": "fpa", "smoothing": "none", "loss_impl": loss_impl}}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(run))
+    config = load_run_config(path)
+    tokens = config.train.micro_batch_size * config.model.seq_len
+    config = config.model_copy(update={"model": config.model.model_copy(update={"loss_chunk_tokens": tokens // 4})})
+    rows = profile_step.profile_step(config, steps=1, top=1000)["rows"]
+    calls = {name: count for _, count, name in rows}
+    if loss_impl == "chunked":
+        assert calls.get("aten::logsumexp", 0) >= 4, sorted(calls)
+        assert "aten::_log_softmax" not in calls, sorted(calls)
+    else:
+        assert calls.get("aten::_log_softmax") == 1, sorted(calls)
+        assert "aten::logsumexp" not in calls, sorted(calls)

@@ -685,9 +685,10 @@ def main(argv=None) -> int:
     result = {"env": environment()}
     from sagebwd.triton import registry
     arch = registry.arch_of(torch.device("cuda"))
+    # which kernel each contract runs per head dim and pass ("block" keys unprefixed, as before)
     result["env"]["kernels"] = {"choice": args.kernels, **{
-        f"d{d} {p}": registry.select(arch, d, p, "block", args.kernels).name for d in (64, 128)
-        for p in registry.PASSES}}
+        f"{'' if quant == 'block' else quant + ' '}d{d} {p}": registry.select(arch, d, p, quant, args.kernels).name
+        for quant in registry.QUANTS for d in (64, 128) for p in registry.PASSES}}
     result["env"]["baselines"] = baselines.describe(columns)
     print(result["env"], flush=True)
     if args.diagnose:

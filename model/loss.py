@@ -46,6 +46,28 @@ def plain_lm_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torc
                            ignore_index=ignore_index)
 
 
+def logits_grad(z: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor,
+                dtype: torch.dtype, *, elementwise: bool | None = None) -> torch.Tensor:
+    """d loss / d logits of one chunk: (softmax(z) - onehot(targets)) * weight per row, cast to dtype.
+
+    z: (n, V) fp32 logits (overwritten on the in-place path), lse: (n,) their logsumexp,
+    targets: (n, 1) int64, weight: (n,) fp32. Two forms, bit-identical (x + (-1) and x - 1 are one
+    IEEE operation): in place on z (eager: no temporary as large as z), or one elementwise
+    expression (under torch.compile: Inductor fuses it with the logsumexp into one kernel that
+    writes the dtype gradient; the in-place scatter made it materialise z in fp32 and read it
+    back, two kernels and ~3x the bytes per chunk). `elementwise` None: the second form exactly
+    when torch.compile is tracing."""
+    if elementwise is None:
+        elementwise = torch.compiler.is_compiling()
+    if elementwise:
+        columns = torch.arange(z.shape[1], device=z.device)
+        p = torch.exp(z - lse.unsqueeze(1))
+        return (torch.where(columns == targets, p - 1.0, p) * weight.unsqueeze(1)).to(dtype)
+    z.sub_(lse.unsqueeze(1)).exp_()
+    z.scatter_add_(1, targets, torch.full_like(lse, -1.0).unsqueeze(1))
+    return z.mul_(weight.unsqueeze(1)).to(dtype)
+
+
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """mean cross-entropy of (hidden @ weight^T, targets), gradients computed in the forward.
 
@@ -74,11 +96,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             loss_sum = loss_sum + torch.where(keep, lse - target_logit, 0.0).sum()
             if not needs_grad:
                 continue
-            # d loss / d logits = (softmax - onehot) * keep / count, in place on z
-            z.sub_(lse.unsqueeze(1)).exp_()
-            z.scatter_add_(1, t, torch.full_like(target_logit, -1.0).unsqueeze(1))
-            z.mul_((keep.to(torch.float32) * inv_count).unsqueeze(1))
-            dlogits = z.to(hidden.dtype)
+            dlogits = logits_grad(z, lse, t, keep.to(torch.float32) * inv_count, hidden.dtype)
             grad_hidden[start:stop] = dlogits @ weight
             grad_weight += dlogits.t() @ h
         if needs_grad:

@@ -142,3 +142,21 @@ def test_the_chunked_model_compiles():
     torch.testing.assert_close(loss, ref_loss)
     for name, r in ref.items():
         torch.testing.assert_close(got[name], r, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_fused_and_in_place_logits_gradients_are_bit_identical(dtype):
+    """model.loss.logits_grad: the elementwise form (what torch.compile fuses) against the in-place
+    form (eager), on the same fp32 logits, targets at the first and last columns included."""
+    from model.loss import logits_grad
+
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(37, PADDED, generator=g) * 4.0
+    lse = torch.logsumexp(z, dim=-1)
+    t = torch.randint(0, VOCAB, (37, 1), generator=g)
+    t[0, 0], t[1, 0] = 0, PADDED - 1
+    keep = (torch.rand(37, generator=g) > 0.2).to(torch.float32) / 29.0
+    fused = logits_grad(z.clone(), lse, t, keep, dtype, elementwise=True)
+    in_place = logits_grad(z.clone(), lse, t, keep, dtype, elementwise=False)
+    assert fused.dtype == in_place.dtype == dtype
+    assert torch.equal(fused, in_place)

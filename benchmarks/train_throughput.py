@@ -11,7 +11,20 @@ launcher/step_metrics.py reads it now) side by side, in one process on one devic
 Default cases (issue 27): gpu-124m and gpu-325m at seq 4096 (micro-batch 4: 16,384 tokens per
 step), gpu-124m at seq 16384 (micro-batch 1). Pick others with `--case CONFIG[@SEQ[xMICRO]]`
 (repeatable) or `--config CONFIG` (its own seq and micro-batch), and narrow the grid with
-`--attention`, `--compile`, `--loss`.
+`--attention`, `--compile`, `--loss`, `--engine`.
+
+Two engines (`--engine`, a row's `engine`): `manual` (the default) is the stand-in below;
+`deepspeed` is the trainer's own step with the real DeepSpeed engine: the model built, compiled
+(in place, as `train.compile` does) and wrapped exactly as launcher/train.py does it
+(`launcher.engine.build_engine`: ZeRO stage, bf16 on CUDA, clipping and
+`train.check_grad_overflow` from the config) in a one-process world (a single rank on a free
+localhost port unless one is initialised; nccl on CUDA, gloo on the CPU), and each step
+`launcher.train.train_step` (per micro-batch `engine.backward(loss); engine.step()`, the
+train.grad_accum_steps micro-batches of the config's layout), its loss and grad norm read as the
+trainer reads them (`launcher.step_metrics.read_metrics`, at the points `--sync` says). So
+DeepSpeed's own host reads inside its ZeRO step are in its rows; `--set
+train.check_grad_overflow=false` takes two of them out (docs/benchmarks.md, "Host reads"). It
+needs DeepSpeed (pure Python with the client AdamW: no C++ build), no MLflow.
 
 Machinery: launcher/profile_step.py's (one device, no DeepSpeed, no MLflow; the config's model
 in bf16 on CUDA, fp32 on the CPU; `torch.compile` of the whole model as `train.compile` does),
@@ -19,23 +32,25 @@ plus what the trainer adds around it: the tokens copied from pinned host memory 
 an optimizer step as DeepSpeed ZeRO-1 runs it on one GPU (fp32 master weights: the bf16
 gradients cast to fp32, clipped to the global norm, fused AdamW, the bf16 weights copied back;
 `--optimizer none` leaves it out) and the loss read on the host as the trainer reads it
-(`--sync`; the rows of one case, attention, compile mode and loss share one model and its
-warm-up, then each times its own steps). DeepSpeed's own reads inside its ZeRO-1 step are not
-modelled (docs/benchmarks.md, "Host reads"). Data are random tokens
+(`--sync`; the rows of one case, attention, compile mode, loss and engine share one model and
+its warm-up, then each times its own steps). DeepSpeed's own reads inside its ZeRO-1 step are
+not modelled by `manual` (docs/benchmarks.md, "Host reads"). Data are random tokens
 of the config's vocabulary (seeded): speed does not depend on them, and nothing is read from
 disk. FLOPs per token and the peak table are launcher/throughput.py's; MFU is blank where no
 peak is known (the CPU, an unknown GPU; `--peak-tflops` sets one).
 
 Each row runs in its own try/except: an error (an out-of-memory, a compile failure) is
 recorded in the row and the table goes on. Needs torch (+ triton for SageBwd on a GPU),
-pydantic and pyyaml; no DeepSpeed, MLflow or network.
+pydantic and pyyaml (+ DeepSpeed for `--engine deepspeed`); no MLflow or network.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
+import logging
 import platform
 import sys
 import time
@@ -54,6 +69,7 @@ ATTENTIONS = {"fpa": ["model.attention=fpa", "model.smoothing=none"],
               "sagebwd": ["model.attention=sagebwd", "model.smoothing=k"],
               "sagebwd-token": ["model.attention=sagebwd", "model.smoothing=k", "model.quant=token"]}
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
+ENGINES = ("manual", "deepspeed")
 
 
 @dataclass
@@ -90,6 +106,7 @@ class Row:
     compile: str
     loss: str
     sync: str = "log"
+    engine: str = "manual"          # "manual" (MasterAdamW) or "deepspeed" (the trainer's engine)
     seq_len: int = 0
     micro_batch: int = 0
     tokens_per_step: int = 0
@@ -147,27 +164,82 @@ class MasterAdamW:
 def run_rows(rows: list[Row], config: RunConfig, steps: int, warmup: int, optimizer: bool,
              compile_backend: str, peak: float | None) -> None:
     """One model, compiled and warmed up once; then `steps` timed steps per row, which differ
-    only in when the host reads the loss (Row.sync)."""
-    from launcher.train import lm_loss   # the trainer's loss on the model's logits
-    from model import Llama
-
+    only in when the host reads the loss (Row.sync). The rows' engine (Row.engine) says how a
+    step is taken: `manual_steps` or `deepspeed_steps`."""
     first = rows[0]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    torch.manual_seed(config.seed)
     m = config.model
-    model = Llama(m).to(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    micro, seq = config.train.micro_batch_size, m.seq_len
+    g = torch.Generator().manual_seed(config.seed)
+    batches = [torch.randint(0, m.vocab_size, (micro, seq + 1), generator=g) for _ in range(2)]
+    if first.engine == "deepspeed":
+        steps_of = deepspeed_steps(config, first, compile_backend, batches)
+    else:
+        steps_of = manual_steps(config, first, compile_backend, batches, optimizer, device)
+    with steps_of as (step, read, tokens_per_step, extra):
+        for row in rows:
+            row.seq_len, row.micro_batch, row.tokens_per_step = seq, micro, tokens_per_step
+            row.extra.update(extra)
+        time_rows(rows, config, steps, warmup, peak, device, step, read)
+
+
+def time_rows(rows: list[Row], config: RunConfig, steps: int, warmup: int, peak: float | None,
+              device: torch.device, step, read) -> None:
+    """The warm-up, then each row's timed steps; `step(i)` queues step i and hands back what
+    `read(pending)` reads on the host at the rows' read points."""
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    start = time.perf_counter()
+    first_loss = read([step(0)])[0]
+    for i in range(1, warmup):
+        step(i)
+    sync()
+    warmup_s = time.perf_counter() - start
+    done = warmup
+    for row in rows:
+        # the trainer's reads: every step before launcher/step_metrics.py, now at its log points
+        read_every = 1 if row.sync == "step" else config.train.log_every
+        pending = []
+        start = time.perf_counter()
+        for i in range(done, done + steps):
+            pending.append(step(i))
+            if (i + 1) % read_every == 0:
+                read(pending)
+                pending = []
+        sync()
+        done += steps
+        row.step_ms = (time.perf_counter() - start) * 1000.0 / steps
+        row.tokens_per_s = row.tokens_per_step / row.step_ms * 1000.0
+        row.first_loss, row.warmup_s = first_loss, warmup_s
+        if peak:
+            row.mfu = mfu(row.tokens_per_s, train_flops_per_token(config.model), peak)
+        if device.type == "cuda":
+            row.peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30
+
+
+@contextlib.contextmanager
+def manual_steps(config: RunConfig, first: Row, compile_backend: str, batches: list[torch.Tensor],
+                 optimizer: bool, device: torch.device):
+    """The stand-in: the config's model in bf16 on CUDA (fp32 on the CPU), `torch.compile` of
+    the whole model, the loss read with `.item()`, `MasterAdamW` (or no optimizer step).
+    A context: -> (step(i) -> the loss on the device, read(losses) -> their values, tokens per
+    step, what the rows' `extra` records)."""
+    from launcher.train import lm_loss   # the trainer's loss on the model's logits
+    from model import Llama
+
+    torch.manual_seed(config.seed)
+    model = Llama(config.model).to(device=device,
+                                   dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
     opt = MasterAdamW(model, config) if optimizer else None
     forward = model
     if first.compile != "none":
         forward = torch.compile(model, backend=compile_backend,
                                 **({} if first.compile == "default" else {"mode": first.compile}))
-    micro, seq = config.train.micro_batch_size, m.seq_len
-    g = torch.Generator().manual_seed(config.seed)
-    batches = [torch.randint(0, m.vocab_size, (micro, seq + 1), generator=g) for _ in range(2)]
-    for row in rows:
-        row.seq_len, row.micro_batch, row.tokens_per_step = seq, micro, micro * seq
 
     def to_device(t):
         return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
@@ -189,34 +261,67 @@ def run_rows(rows: list[Row], config: RunConfig, steps: int, warmup: int, optimi
                 p.grad = None
         return loss.detach()
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    def read(losses: list[torch.Tensor]) -> list[float]:
+        return [losses[-1].item()]   # one read: the last step's loss
 
-    start = time.perf_counter()
-    first_loss = step(0).item()
-    for i in range(1, warmup):
-        step(i)
-    sync()
-    warmup_s = time.perf_counter() - start
-    done = warmup
-    for row in rows:
-        # the trainer's reads: every step before launcher/step_metrics.py, now at its log points
-        read_every = 1 if row.sync == "step" else config.train.log_every
-        start = time.perf_counter()
-        for i in range(done, done + steps):
-            loss = step(i)
-            if (i + 1) % read_every == 0:
-                loss.item()
-        sync()
-        done += steps
-        row.step_ms = (time.perf_counter() - start) * 1000.0 / steps
-        row.tokens_per_s = row.tokens_per_step / row.step_ms * 1000.0
-        row.first_loss, row.warmup_s = first_loss, warmup_s
-        if peak:
-            row.mfu = mfu(row.tokens_per_s, train_flops_per_token(m), peak)
-        if device.type == "cuda":
-            row.peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30
+    micro, seq = config.train.micro_batch_size, config.model.seq_len
+    yield step, read, micro * seq, {}
+
+
+@contextlib.contextmanager
+def deepspeed_steps(config: RunConfig, first: Row, compile_backend: str,
+                    batches: list[torch.Tensor]):
+    """The trainer's step, with its DeepSpeed engine: launcher/train.py's model, compilation,
+    `build_engine` and `train_step` in a one-process world (launcher.distributed's: a free
+    localhost port, nccl on CUDA, gloo on the CPU). The loss and grad norm stay on the device
+    and are read as the trainer's loop reads them (read_metrics, one copy for all pending).
+    -> as manual_steps."""
+    from launcher.distributed import init_process_group, world_size
+    from launcher.engine import build_engine, use_bf16
+    from launcher.layout import resolve_layout
+    from launcher.step_metrics import PendingStep, read_metrics
+    from launcher.train import Shard, train_step
+    from model import Llama
+
+    init_process_group()   # before DeepSpeed's first import: on the CPU it is told its accelerator
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)   # as launcher.logs: no INFO lines
+    if world_size() != 1:
+        raise RuntimeError(f"--engine deepspeed runs one process; this one is in a world of "
+                           f"{world_size()} (unset RANK/WORLD_SIZE or run without a launcher)")
+    layout = resolve_layout(config, 1)
+    torch.manual_seed(config.seed)
+    model = Llama(config.model)
+    if first.compile != "none":   # in place, as train.compile (the trainer) does it
+        model.compile(backend=compile_backend,
+                      **({} if first.compile == "default" else {"mode": first.compile}))
+    engine = build_engine(model, config, layout)
+    shard = Shard(layout, 0, engine.device, config.model.loss_impl)
+    # (inputs, targets) on the host, as the trainer's loader hands them over
+    pairs = [(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in batches]
+
+    def micro_batches(i: int):
+        for k in range(layout.grad_accum):
+            yield pairs[(i * layout.grad_accum + k) % len(pairs)]
+
+    def step(i: int) -> PendingStep:
+        if first.compile == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        loss, grad_norm = train_step(engine, micro_batches(i), layout.grad_accum, shard)
+        return PendingStep(i + 1, loss, grad_norm, lr=0.0, tokens_seen=0, memory_gib=0.0,
+                           time_ms=0)
+
+    def read(pending: list[PendingStep]) -> list[float]:
+        return [loss for loss, _ in read_metrics(pending)]
+
+    extra = {"zero_stage": config.parallel.zero_stage, "grad_accum": layout.grad_accum,
+             "bf16": use_bf16(config), "check_grad_overflow": config.train.check_grad_overflow,
+             "grad_clip": config.optimizer.grad_clip}
+    try:
+        yield step, read, layout.tokens_per_step, extra
+    finally:
+        # Its gradient hooks keep the engine (and its model, optimizer state) alive past the
+        # group otherwise: the next group's peak memory would count them.
+        engine.destroy()
 
 
 def cleanup() -> None:
@@ -227,9 +332,16 @@ def cleanup() -> None:
 
 
 def environment() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "python": platform.python_version(), "torch": torch.__version__,
            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    for package in ("deepspeed", "pydantic"):   # not imported: DeepSpeed only after the world
+        try:
+            env[package] = version(package)
+        except PackageNotFoundError:
+            env[package] = None
     try:
         import triton
         env["triton"] = triton.__version__
@@ -247,18 +359,19 @@ def fmt(value, spec: str) -> str:
 
 def table(rows: list[Row]) -> str:
     """Markdown table; `x plain` is the row's tokens/s over the plain-loss row of the same
-    case, attention, compile mode and sync."""
-    base = {(r.config, r.seq_len, r.micro_batch, r.attention, r.compile, r.sync): r.tokens_per_s
-            for r in rows if r.loss == "plain" and r.tokens_per_s}
-    lines = ["| config | seq x micro | attention | compile | loss | sync | step ms | tokens/s "
-             "| x plain | MFU | peak GiB | step-1 loss | error |", "|" + "---|" * 13]
+    case, attention, compile mode, sync and engine."""
+    base = {(r.config, r.seq_len, r.micro_batch, r.attention, r.compile, r.sync, r.engine):
+            r.tokens_per_s for r in rows if r.loss == "plain" and r.tokens_per_s}
+    lines = ["| config | seq x micro | attention | compile | loss | sync | engine | step ms "
+             "| tokens/s | x plain | MFU | peak GiB | step-1 loss | error |", "|" + "---|" * 14]
     for r in rows:
-        ref = base.get((r.config, r.seq_len, r.micro_batch, r.attention, r.compile, r.sync))
+        ref = base.get((r.config, r.seq_len, r.micro_batch, r.attention, r.compile, r.sync,
+                        r.engine))
         speedup = r.tokens_per_s / ref if ref and r.tokens_per_s else None
         name = r.config.rsplit("/", 1)[-1].removesuffix(".yaml")
         lines.append(
             f"| {name} | {r.seq_len} x {r.micro_batch} | {r.attention} | {r.compile} | {r.loss} "
-            f"| {r.sync} | {fmt(r.step_ms, '.2f')} | {fmt(r.tokens_per_s, ',.0f')} | {fmt(speedup, '.3f')} "
+            f"| {r.sync} | {r.engine} | {fmt(r.step_ms, '.2f')} | {fmt(r.tokens_per_s, ',.0f')} | {fmt(speedup, '.3f')} "
             f"| {fmt(r.mfu and 100 * r.mfu, '.1f')}{'%' if r.mfu else ''} "
             f"| {fmt(r.peak_memory_gib, '.2f')} | {fmt(r.first_loss, '.4f')} | {r.error or ''} |")
     return "\n".join(lines)
@@ -283,7 +396,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None,
                    help="untimed steps first (default: 2 eager, 4 compiled)")
     p.add_argument("--quick", action="store_true", help="2 timed steps after 1 warm-up (2 compiled)")
-    p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw")
+    p.add_argument("--optimizer", choices=("adamw", "none"), default="adamw",
+                   help="the manual engine's optimizer step (deepspeed always steps)")
+    p.add_argument("--engine", nargs="+", choices=ENGINES, default=["manual"],
+                   help="manual: the MasterAdamW stand-in (default); deepspeed: the trainer's "
+                   "DeepSpeed engine and train_step, one process")
     p.add_argument("--sync", nargs="+", choices=("step", "log"), default=["log"],
                    help="when the host reads the loss: every step (the trainer before its reads "
                    "were batched) or once per train.log_every steps (the trainer now; default)")
@@ -293,6 +410,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps {args.steps}: give a positive count")
+    if args.optimizer == "none" and "deepspeed" in args.engine:
+        p.error("--optimizer none applies to the manual engine only (DeepSpeed always steps)")
     if args.quick:
         args.steps = min(args.steps, 2)
     return args
@@ -309,8 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         for attention in args.attention:
             for mode in args.compile:
-                for loss in args.loss:
-                    group = [Row(case.config, attention, mode, loss, sync) for sync in args.sync]
+                for loss, engine in ((lo, en) for lo in args.loss for en in args.engine):
+                    group = [Row(case.config, attention, mode, loss, sync, engine)
+                             for sync in args.sync]
                     warmup = args.warmup if args.warmup is not None else (
                         (1 if mode == "none" else 2) if args.quick else (2 if mode == "none" else 4))
                     sets = [*case.overrides(), *ATTENTIONS[attention], f"model.loss_impl={loss}",
@@ -332,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.extend(group)
                     for row in group:
                         print(f"  {case.config} seq {row.seq_len} x {row.micro_batch} {attention} "
-                              f"compile={mode} loss={loss} sync={row.sync}: "
+                              f"compile={mode} loss={loss} sync={row.sync} engine={engine}: "
                               + (f"{row.step_ms:.2f} ms, {row.tokens_per_s:,.0f} tok/s"
                                  if row.error is None else f"ERROR {row.error}"), flush=True)
     print(table(rows))

@@ -57,6 +57,17 @@ class TrainConfig(Section):
     tokens_per_step: int | None = Field(None, gt=0)
     # auto: bf16 on GPU (the paper), fp32 on CPU (bf16 matmuls are slow there).
     precision: Literal["auto", "bf16", "fp32"] = "auto"
+    # DeepSpeed's bf16 overflow check (`bf16.check_grad_overflow`), read by its ZeRO-1/2
+    # optimizer only (fp32 runs have no check; ZeRO 0's bf16 optimizer always checks the grad
+    # norm; ZeRO 3 checks fp16 only). On (DeepSpeed's default): every step runs an amax and an
+    # amin over every gradient tensor and reads the result on the host (one `.item()`, plus one
+    # `bool()` of the grad norm), so the host waits for the device mid-step; a non-finite
+    # gradient skips the step. Off saves those two reads and the reductions (docs/benchmarks.md,
+    # "Host reads"): a non-finite gradient reaches the weights instead, and the trainer's NaN
+    # guard stops the run at its next read point, as it does with the check on (DeepSpeed
+    # reports a skipped step's grad norm as inf). The clipping's two reads stay while
+    # optimizer.grad_clip > 0.
+    check_grad_overflow: bool = True
     log_every: int = Field(10, gt=0, description="print a progress line every N steps")
     # Dense bf16 peak per device for MFU; None: looked up from the GPU's name.
     peak_tflops: float | None = Field(None, gt=0)

@@ -34,7 +34,9 @@ def deepspeed_config(config: RunConfig, layout: Layout) -> dict[str, Any]:
         "zero_optimization": {"stage": config.parallel.zero_stage},
         # A client torch AdamW is fine under ZeRO (it only sees its partition).
         "zero_allow_untested_optimizer": True,
-        "bf16": {"enabled": use_bf16(config)},
+        # check_grad_overflow: the step's overflow check and its host reads (launcher/config.py)
+        "bf16": {"enabled": use_bf16(config),
+                 "check_grad_overflow": config.train.check_grad_overflow},
         # We print our own progress lines; DeepSpeed's would interleave with them.
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,

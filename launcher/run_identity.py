@@ -27,9 +27,11 @@ from launcher.tracking import flatten
 # Keys a resumed run may change: they do not change the weights' trajectory up to the
 # checkpoint (train.steps extends or shortens the cosine schedule from here on), or change only
 # how the same model is computed (compilation, the kernel choice, the loss's chunking: the same
-# function to rounding).
+# function to rounding). train.check_grad_overflow changes no finite step, and a non-finite one
+# stops the run either way (launcher/config.py).
 SAFE_KEYS = frozenset({
     "train.steps", "train.log_every", "train.peak_tflops", "train.compile",
+    "train.check_grad_overflow",
     "model.sagebwd_kernels", "model.loss_impl", "model.loss_chunk_tokens",
     "eval.every", "eval.batches", "checkpoint.every", "checkpoint.keep_last", "data.verify",
 })

@@ -41,6 +41,28 @@ def test_sync_rows_share_one_model_and_its_warm_up(tmp_path, capsys):
     assert all(r["error"] is None and r["tokens_per_s"] > 0 for r in rows)
 
 
+def test_the_deepspeed_engine_rows_beside_the_manual_ones(tmp_path, capsys):
+    """--engine deepspeed: the trainer's DeepSpeed engine and train_step in a one-process gloo
+    world, here in bf16 with the overflow check off (the GPU A/B's knob, through --set); the
+    manual rows (fp32 on the CPU) start from the same weights and tokens."""
+    out = tmp_path / "bench.json"
+    argv = ["--config", "experiments/configs/cpu-tiny.yaml", "--quick", "--attention", "fpa",
+            "--compile", "none", "--loss", "chunked", "--engine", "manual", "deepspeed", *SMALL,
+            "--set", "train.precision=bf16", "--set", "train.check_grad_overflow=false",
+            "--out", str(out)]
+    assert train_throughput.main(argv) == 0
+    assert "| cpu-tiny | 128 x 1 | fpa | none | chunked | log | deepspeed |" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert [r["engine"] for r in rows] == ["manual", "deepspeed"]
+    assert all(r["error"] is None and r["tokens_per_s"] > 0 and r["tokens_per_step"] == 128
+               for r in rows)
+    assert rows[1]["extra"] == {"zero_stage": 1, "grad_accum": 1, "bf16": True,
+                                "check_grad_overflow": False, "grad_clip": 1.0}
+    assert abs(rows[0]["first_loss"] - rows[1]["first_loss"]) < 1e-2   # fp32 vs bf16
+    assert data["args"]["engine"] == ["manual", "deepspeed"] and data["environment"]["deepspeed"]
+
+
 def test_a_failing_row_is_recorded_and_the_table_goes_on(tmp_path, capsys):
     out = tmp_path / "bench.json"
     # seq 96 is not a multiple of sagebwd's 128-row tiles: that row fails, fpa's runs

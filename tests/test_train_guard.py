@@ -1,37 +1,63 @@
-"""The NaN/Inf guard: a non-finite loss stops the run with a clear message, marks the
-MLflow run, and leaves the last good checkpoint as `latest` (in-process, one CPU rank)."""
+"""The NaN/Inf guard: a non-finite loss or gradient stops the run with a clear message, marks
+the MLflow run, and leaves the last good checkpoint as `latest` (in-process, one CPU rank), in
+fp32 and in bf16 with DeepSpeed's overflow check on or off (train.check_grad_overflow)."""
 from __future__ import annotations
 
 import math
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 import launcher.train as train_module
 from launcher.config import build_run_config
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+# The run's precision and DeepSpeed's bf16 overflow check (train.check_grad_overflow), and what
+# turns non-finite at step 5: the loss (and so every gradient), or the gradients only (the loss
+# stays finite). In bf16 with the check on DeepSpeed skips the step and reports its grad norm as
+# inf; with it off the non-finite gradient reaches the weights. The guard stops the run alike.
+GUARD_CASES = {
+    "fp32": ({}, "loss"),
+    "bf16-check-on": ({"precision": "bf16"}, "loss"),
+    "bf16-check-off": ({"precision": "bf16", "check_grad_overflow": False}, "loss"),
+    "bf16-check-off-gradient": ({"precision": "bf16", "check_grad_overflow": False}, "gradient"),
+}
+
+
+@pytest.mark.parametrize("train, breaks", GUARD_CASES.values(), ids=GUARD_CASES.keys())
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, train,
+                                                                  breaks):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = build_run_config({
-        "seed": 1, "model": {"preset": "micro"}, "train": {"steps": 8, "micro_batch_size": 2},
+        "seed": 1, "model": {"preset": "micro"},
+        "train": {"steps": 8, "micro_batch_size": 2, **train},
         "eval": {"every": 100, "batches": 1}, "checkpoint": {"dir": str(tmp_path / "ckpt"),
                                                             "every": 2},
         "tracking": {"experiment": "guard", "tracking_uri": uri, "system_metrics": False}})
     real_loss, calls = train_module.lm_loss, []
 
     def loss_that_breaks_at_step_5(logits, targets):
-        calls.append(1)
+        calls.append(bool(logits.isfinite().all()))
         loss = real_loss(logits, targets)
-        return loss * math.nan if len(calls) == 5 else loss
+        if len(calls) != 5:
+            return loss
+        if breaks == "loss":
+            return loss * math.nan
+        loss.register_hook(lambda grad: grad * math.nan)   # finite loss, NaN gradients
+        return loss
 
     monkeypatch.setattr(train_module, "lm_loss", loss_that_breaks_at_step_5)
     said = []
     result = train_module.train(config, say=said.append)
     # found at step 6, the read point after it (a checkpoint: never saved before it is read)
     assert len(calls) == 6
+    # step 6 ran on the weights step 5 left: skipped (finite) unless the bf16 check was off
+    assert calls[5] == train.get("check_grad_overflow", True)
     assert result.diverged_at == 5 and len(result.train_loss) == 5
+    assert math.isnan(result.train_loss[-1][1]) == (breaks == "loss")
     message = next(line for line in said if "diverged" in line)
     assert "step 5" in message and "last good checkpoint is step 4" in message
+    assert "grad norm inf" in message   # DeepSpeed's verdict on a non-finite gradient
     assert (tmp_path / "ckpt" / "latest").read_text() == "step00000004"
     run = MlflowClient(uri).get_run(result.run_id)
     assert run.info.status == "FAILED" and run.data.tags["diverged_at_step"] == "5"

@@ -3,8 +3,9 @@ what the trainer logged when it read every step's loss (one CPU rank, in-process
 
 Host reads are counted by wrapping torch.Tensor's read methods and attributing each call to the
 first caller outside torch: calls from launcher/, model/ and sagebwd/ count; DeepSpeed's own
-(its ZeRO step reads the grad norm, see docs/benchmarks.md) do not. Reads inside C++ (a boolean
-mask's indexing, nonzero) are not seen this way.
+(its ZeRO step reads the grad norm, see docs/benchmarks.md) do not, but for the test that points
+the hook at DeepSpeed's modules and counts the reads inside `engine.step()`. Reads inside C++ (a
+boolean mask's indexing, nonzero) are not seen this way.
 """
 from __future__ import annotations
 
@@ -84,21 +85,25 @@ def test_reading_every_step_logs_the_same_values(batched, tmp_path):
     assert result.train_loss == batched[0].train_loss and result.eval_loss == batched[0].eval_loss
 
 
-def count_host_reads(monkeypatch, steps_done) -> list[tuple[int, str, str]]:
+def count_host_reads(monkeypatch, steps_done, packages=OURS,
+                     skip_torch=()) -> list[tuple[int, str, str]]:
     """-> a list that fills with (steps done, calling module, method) for each read of a
-    tensor's value by our code."""
+    tensor's value by the code of `packages` (ours by default); a read made inside a torch
+    module named in `skip_torch` (e.g. "torch.optim") is left out."""
     events = []
 
-    def caller_outside_torch() -> str:
+    def caller_outside_torch() -> str | None:
         frame = sys._getframe(2)
         while frame and frame.f_globals.get("__name__", "").split(".")[0] == "torch":
+            if frame.f_globals["__name__"].startswith(skip_torch):
+                return None
             frame = frame.f_back
         return frame.f_globals.get("__name__", "") if frame else ""
 
     for name in HOST_READS:
         def read(self, *args, _original=getattr(torch.Tensor, name), _name=name, **kwargs):
             module = caller_outside_torch()
-            if module.split(".")[0] in OURS:
+            if module is not None and module.split(".")[0] in packages:
                 events.append((steps_done(), module, _name))
             return _original(self, *args, **kwargs)
         monkeypatch.setattr(torch.Tensor, name, read)
@@ -149,3 +154,61 @@ def test_a_stop_signal_between_read_points_ends_its_own_step(monkeypatch, tmp_pa
     assert result.stopped_by == "SIGUSR1" and result.diverged_at is None
     assert [s for s, _ in result.train_loss] == [1, 2, 3] and sorted(metrics, key=int) == ["1", "2", "3"]
     assert (tmp_path / "ckpt" / "latest").read_text() == "step00000003"
+
+
+HAS_OVERFLOW = ("deepspeed.runtime.zero.stage_1_and_2", "item")      # the overflow check's
+INVALID_NORM = ("deepspeed.runtime.utils", "__bool__")                # is_invalid_grad_norm
+
+
+@pytest.mark.parametrize("check, grad_clip, expected", [
+    # the overflow check's .item(), then is_invalid_grad_norm: once in step() because of the
+    # check, once per parameter group (decay, no decay) in the clipping
+    (True, 1.0, [HAS_OVERFLOW, INVALID_NORM, INVALID_NORM, INVALID_NORM]),
+    (False, 1.0, [INVALID_NORM, INVALID_NORM]),     # the clipping's two remain
+    (False, 0.0, []),                               # no clipping: none
+], ids=["check-on", "check-off", "check-off-no-clip"])
+def test_deepspeed_reads_the_device_inside_its_bf16_zero1_step(monkeypatch, tmp_path, check,
+                                                               grad_clip, expected):
+    """DeepSpeed 0.19.8's own host reads inside `engine.step()`, per optimizer step, in the
+    trainer's engine with `train.precision: bf16` (on the CPU: the same ZeRO-1 optimizer code as
+    on a GPU) and train.check_grad_overflow on or off (docs/benchmarks.md, "Host reads"). The
+    client AdamW's reads are left out: on a GPU it is fused and reads nothing; on the CPU its
+    step counter is a host tensor (one .item() per parameter group, not a device read)."""
+    calls = []   # one entry per engine.step() call: whether it was an accumulation boundary
+    inside = [False]
+    real_build = train_module.build_engine
+
+    def build_and_count(*args, **kwargs):
+        engine = real_build(*args, **kwargs)
+        real_step = engine.step
+
+        def step(*a, **k):
+            calls.append(engine.is_gradient_accumulation_boundary())
+            inside[0] = True
+            try:
+                return real_step(*a, **k)
+            finally:
+                inside[0] = False
+        engine.step = step
+        return engine
+
+    monkeypatch.setattr(train_module, "build_engine", build_and_count)
+    # (engine.step() calls so far, or None for a read outside engine.step())
+    events = count_host_reads(monkeypatch, lambda: len(calls) if inside[0] else None,
+                              packages=("deepspeed",), skip_torch=("torch.optim",))
+    steps = 3
+    raw = json.loads(json.dumps(GOLDEN_RUN))
+    raw["train"].update(steps=steps, precision="bf16", check_grad_overflow=check)
+    raw["optimizer"]["grad_clip"] = grad_clip
+    raw["checkpoint"] = {}
+    raw["tracking"]["tracking_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = train_module.train(build_run_config(raw), say=lambda _: None)
+    assert result.diverged_at is None and len(result.train_loss) == steps
+    accum = GOLDEN_RUN["train"]["grad_accum_steps"]
+    assert calls == ([False] * (accum - 1) + [True]) * steps
+    # per engine.step() call (numbered from 1): the expected reads at each boundary, none else
+    per_call = [[(module, how) for n, module, how in events if n == i]
+                for i in range(1, len(calls) + 1)]
+    assert per_call == [expected if boundary else [] for boundary in calls], events
+    # and DeepSpeed reads nothing outside engine.step() (forward, backward, the grad norm, eval)
+    assert [e for e in events if e[0] is None] == []

@@ -67,8 +67,24 @@ def test_deepspeed_config_follows_the_run_config():
                  parallel={"sp": 2, "zero_stage": 3})
     ds = deepspeed_config(cfg, resolve_layout(cfg, 8))
     assert ds["train_micro_batch_size_per_gpu"] == 8 and ds["gradient_accumulation_steps"] == 16
-    assert ds["zero_optimization"] == {"stage": 3} and ds["bf16"] == {"enabled": True}
+    assert ds["zero_optimization"] == {"stage": 3}
+    assert ds["bf16"] == {"enabled": True, "check_grad_overflow": True}   # DeepSpeed's default
     assert "sequence_parallel_size" not in ds  # see launcher.engine: issue 5248
+
+
+def test_the_bf16_overflow_check_reaches_deepspeed_and_deepspeed_reads_it():
+    """train.check_grad_overflow (launcher/config.py) is DeepSpeed's bf16.check_grad_overflow:
+    in the JSON, and in the config DeepSpeed parses from it."""
+    from deepspeed.runtime.precision_config import get_bfloat16_config
+
+    for given, expected in (({}, True), ({"check_grad_overflow": True}, True),
+                            ({"check_grad_overflow": False}, False)):
+        cfg = config(train={"precision": "bf16", **given})
+        ds = deepspeed_config(cfg, resolve_layout(cfg, 1))
+        assert ds["bf16"] == {"enabled": True, "check_grad_overflow": expected}
+        assert get_bfloat16_config(ds).check_grad_overflow is expected
+    with pytest.raises(ConfigError, match="train.check_grad_overflow"):
+        config(train={"check_grad_overflow": "sometimes"})
 
 
 def test_resume_auto_without_a_dir_or_with_a_bad_marker(tmp_path):

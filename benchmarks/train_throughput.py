@@ -2,9 +2,9 @@
 
 tokens/s, step ms, MFU and peak memory of one training step (forward, loss, backward, AdamW)
 for FPA and SageBwd (K-smoothing), eager and compiled, with the old loss path ("plain": the
-whole micro-batch's logits out of the model, fp32 cross-entropy outside it, as
-`launcher.train.lm_loss`) and the new one ("chunked": `model.loss_impl=chunked`, the LM head
-and loss inside the model, model/loss.py), and with the trainer's old and new host reads
+whole micro-batch's logits out of the model, fp32 cross-entropy outside it) and the new one
+("chunked": `model.loss_impl=chunked`, the LM head and loss inside the model, model/loss.py), both
+through the trainer's `launcher.train.micro_batch_loss`, and with the trainer's old and new host reads
 (`--sync step`: the loss read every step; `log`: once per `train.log_every` steps, as
 launcher/step_metrics.py reads it now) side by side, in one process on one device.
 
@@ -229,7 +229,7 @@ def manual_steps(config: RunConfig, first: Row, compile_backend: str, batches: l
     the whole model, the loss read with `.item()`, `MasterAdamW` (or no optimizer step).
     A context: -> (step(i) -> the loss on the device, read(losses) -> their values, tokens per
     step, what the rows' `extra` records)."""
-    from launcher.train import lm_loss   # the trainer's loss on the model's logits
+    from launcher.train import micro_batch_loss   # the trainer's loss, by model.loss_impl
     from model import Llama
 
     torch.manual_seed(config.seed)
@@ -249,10 +249,7 @@ def manual_steps(config: RunConfig, first: Row, compile_backend: str, batches: l
         x, y = tokens[:, :-1], tokens[:, 1:]
         if first.compile == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        if first.loss == "plain":
-            loss = lm_loss(forward(x), y)
-        else:
-            loss = forward(x, targets=y)
+        loss = micro_batch_loss(forward, x, y, first.loss)
         loss.backward()
         if opt is not None:
             opt.step()

@@ -394,6 +394,9 @@ def train(config: RunConfig, *, resume: str = "none",
                                  "summary.json")
             tracker.finish(status)
             result.run_id = tracker.run_id   # created late if the server was away at the start
+        # Its gradient hooks would keep the engine, the model and the optimizer state alive after
+        # train() returns (the demo and the tests train several runs in one process).
+        engine.destroy()
     return result
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from tools import zero_step_ops
 
 VARIANTS = ["manual", "zero1", "zero1-noclip", "zero1-fp32acc", "zero1-notimer"]
@@ -23,7 +25,9 @@ def cells(text: str) -> dict[str, list[str]]:
 def test_one_layer_table(tmp_path, capsys):
     out = tmp_path / "ops.json"
     argv = ["--layers", "1", "--variants", *VARIANTS, "--time-steps", "1", "--json", str(out)]
+    threads = torch.get_num_threads()
     assert zero_step_ops.main(argv) == 0
+    assert torch.get_num_threads() == threads   # left as found (tests/test_train_host_sync.py's golden)
     table = cells(capsys.readouterr().out)
     assert list(table) == VARIANTS
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}

@@ -455,13 +455,18 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)   # tiny tensors; the counts do not depend on it
     rows = []
-    for layers in args.layers:
-        for name in args.variants:
-            rows.append(measure(name, layers, args.adamw == "fused", args.warmup, args.steps,
-                                args.time_steps))
-            print(f"# {name} layers={layers}: " + (rows[-1].error or "ok"), file=sys.stderr, flush=True)
+    try:
+        for layers in args.layers:
+            for name in args.variants:
+                rows.append(measure(name, layers, args.adamw == "fused", args.warmup, args.steps,
+                                    args.time_steps))
+                print(f"# {name} layers={layers}: " + (rows[-1].error or "ok"), file=sys.stderr,
+                      flush=True)
+    finally:   # a caller in the same process (a test session) keeps its thread count
+        torch.set_num_threads(threads)
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:

@@ -40,6 +40,10 @@ def deepspeed_config(config: RunConfig, layout: Layout) -> dict[str, Any]:
         # We print our own progress lines; DeepSpeed's would interleave with them.
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer (on and synchronized by default) waits for the device at
+        # the start of every engine forward and the end of every step; the trainer measures its
+        # own tokens/s and never reads it (tools.zero_step_ops counts the syncs: 2 a step, 0 off).
+        "timers": {"throughput": {"enabled": False}},
     }
 
 

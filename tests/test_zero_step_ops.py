@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from tools import zero_step_ops
@@ -53,3 +54,15 @@ def test_one_layer_table(tmp_path, capsys):
     assert rows["zero1-fp32acc"]["optimizer"] == "BF16_Optimizer"
     # the model's backward is the same whatever the engine
     assert abs(zero1["backward_autograd"] - manual["backward_autograd"]) <= 2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--layers", "0"], "--layers 0: give a count of at least 1"),
+    (["--steps", "0"], "--steps 0: give a count of at least 1"),
+    (["--warmup", "-1"], "--warmup -1: give a count of at least 0"),
+])
+def test_rejects_counts_below_their_least(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        zero_step_ops.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

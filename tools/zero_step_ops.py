@@ -447,7 +447,13 @@ def parse_args(argv):
     p.add_argument("--time-steps", type=int, default=10,
                    help="steps timed without the hooks (CPU ms column); 0: not timed")
     p.add_argument("--json", help="write the rows (with every engine op's count) here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag, values, least in (("--layers", args.layers, 1), ("--steps", [args.steps], 1),
+                                ("--warmup", [args.warmup], 0), ("--time-steps", [args.time_steps], 0)):
+        bad = [v for v in values if v < least]
+        if bad:
+            p.error(f"{flag} {bad[0]}: give a count of at least {least}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

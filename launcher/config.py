@@ -69,6 +69,14 @@ class TrainConfig(Section):
     # with the check on (DeepSpeed reports a skipped step's grad norm as inf); no finite step
     # changes. The clipping's two reads stay while optimizer.grad_clip > 0.
     check_grad_overflow: bool = False
+    # The dtype DeepSpeed accumulates gradients in with bf16 (`data_types.grad_accum_dtype`).
+    # "bf16" (DeepSpeed's default at ZeRO 1-2 with bf16): its ZeRO optimizer, whose hooks and step
+    # loop over every parameter tensor in Python (tools.zero_step_ops: 21 aten ops and 47 Python
+    # calls a tensor a step on the CPU). "fp32": DeepSpeed's BF16_Optimizer at ZeRO 1 (9 ops, 1 call
+    # a tensor), with an fp32 gradient buffer (4 bytes a parameter) and the gradients summed in
+    # fp32: the numbers change in the last bits, so a resumed run keeps its value. Not yet timed
+    # on a GPU; the A/B: docs/benchmarks.md, "Where DeepSpeed's step spends host work".
+    grad_accum_dtype: Literal["bf16", "fp32"] = "bf16"
     log_every: int = Field(10, gt=0, description="print a progress line every N steps")
     # Dense bf16 peak per device for MFU; None: looked up from the GPU's name.
     peak_tflops: float | None = Field(None, gt=0)
@@ -156,6 +164,9 @@ def cross_section_problems(config: RunConfig) -> list[str]:
     if config.schedule.warmup_steps > config.train.steps:
         problems.append(f"schedule.warmup_steps ({config.schedule.warmup_steps}) exceeds "
                         f"train.steps ({config.train.steps}); lower the warmup")
+    if config.train.grad_accum_dtype == "fp32" and config.parallel.zero_stage != 1:
+        problems.append(f"train.grad_accum_dtype fp32 needs parallel.zero_stage 1 (DeepSpeed's BF16_Optimizer), "
+                        f"not {config.parallel.zero_stage}; set the stage to 1 or the dtype to bf16")
     try:
         check_static_layout(config)
     except ValueError as err:

@@ -27,7 +27,7 @@ def deepspeed_config(config: RunConfig, layout: Layout) -> dict[str, Any]:
     sample's gradient. With it, stages 0-2 average over DP only and the gradients (clipping,
     grad norm) come out sp times too large, while stage 3 does not (DeepSpeed issue 5248).
     """
-    return {
+    ds = {
         "train_micro_batch_size_per_gpu": layout.micro_batch,
         "gradient_accumulation_steps": layout.grad_accum,
         "gradient_clipping": config.optimizer.grad_clip,
@@ -45,6 +45,11 @@ def deepspeed_config(config: RunConfig, layout: Layout) -> dict[str, Any]:
         # own tokens/s and never reads it (tools.zero_step_ops counts the syncs: 2 a step, 0 off).
         "timers": {"throughput": {"enabled": False}},
     }
+    if use_bf16(config) and config.train.grad_accum_dtype == "fp32":
+        # DeepSpeed's BF16_Optimizer at ZeRO 1 (launcher/config.py); unnamed, DeepSpeed
+        # accumulates in the model's dtype, as before this key existed
+        ds["data_types"] = {"grad_accum_dtype": "fp32"}
+    return ds
 
 
 def adamw_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

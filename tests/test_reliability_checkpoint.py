@@ -164,3 +164,18 @@ def test_a_copied_checkpoint_folder_never_writes_into_the_original_run(store, fi
     (tmp_path / "again").mkdir()
     again = client.download_artifacts(original.run_id, "summary.json", str(tmp_path / "again"))
     assert Path(again).read_text() == summary_before
+
+
+def test_deepspeeds_bf16_optimizer_checkpoints_and_resumes_exactly(store):
+    """train.grad_accum_dtype fp32 in bf16: DeepSpeed's BF16_Optimizer (not its ZeRO-1 optimizer)
+    writes the optimizer state, and a fallback resume replays the steps bit for bit."""
+    ckpt = store / "bf16-optimizer"
+    bf16 = {"precision": "bf16", "grad_accum_dtype": "fp32"}
+    first = train(config(store, ckpt, steps=4, train={**RUN["train"], "steps": 4, **bf16}), say=lambda _: None)
+    files = json.loads((ckpt / "step00000004" / MANIFEST).read_text())["files"]
+    assert sorted(files) == ["bf16_" + OPTIM_FILE, MODEL_FILE, "trainer_rank0.pt"]
+    flip(ckpt / "step00000004" / MODEL_FILE)
+    again = train(config(store, ckpt, steps=4, train={**RUN["train"], "steps": 4, **bf16}), resume="auto",
+                  say=lambda _: None)
+    assert again.resumed_from == 2
+    assert again.train_loss == first.train_loss[2:]    # steps 3, 4: bit for bit

@@ -87,6 +87,22 @@ def test_the_bf16_overflow_check_reaches_deepspeed_and_deepspeed_reads_it():
         config(train={"check_grad_overflow": "sometimes"})
 
 
+def test_fp32_gradient_accumulation_is_named_to_deepspeed_only_where_it_applies():
+    """train.grad_accum_dtype (launcher/config.py): DeepSpeed's data_types.grad_accum_dtype only for
+    fp32 with bf16 weights (its BF16_Optimizer at ZeRO 1); unnamed otherwise, as before the key
+    existed (DeepSpeed then accumulates in the model's dtype; naming bf16 would refuse fp32 runs at
+    ZeRO 0). Other ZeRO stages with fp32 are a config error that says what to change."""
+    for precision, dtype, expected in (("bf16", "fp32", {"grad_accum_dtype": "fp32"}), ("bf16", "bf16", None),
+                                       ("fp32", "fp32", None)):
+        cfg = config(train={"precision": precision, "grad_accum_dtype": dtype})
+        assert deepspeed_config(cfg, resolve_layout(cfg, 1)).get("data_types") == expected
+    assert "data_types" not in deepspeed_config(config(), resolve_layout(config(), 1))
+    with pytest.raises(ConfigError, match="train.grad_accum_dtype fp32 needs parallel.zero_stage 1"):
+        config(train={"grad_accum_dtype": "fp32"}, parallel={"zero_stage": 2})
+    with pytest.raises(ConfigError, match="train.grad_accum_dtype"):
+        config(train={"grad_accum_dtype": "fp16"})
+
+
 def test_resume_auto_without_a_dir_or_with_a_bad_marker(tmp_path):
     with pytest.raises(ConfigError, match="needs checkpoint.dir"):
         checkpoint.resolve_resume("auto", None)

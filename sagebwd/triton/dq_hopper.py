@@ -36,8 +36,9 @@ Measured on an H200 (docs/kernel-notes.md): (8,8,4096,128) dQ 1.00 -> 0.92 ms ca
 1.55 ms without a mask; warp-specialised 0.863 -> 0.857 ms causal, 1.53 -> 1.49 ms without a mask.
 At d=64 it computes the same dQ but is slower than the Triton kernel (0-14%: 191 registers, one
 program of 8 warps per SM, where the Triton kernel fits two at 128 registers; capped at 128 here it
-spills), so the registry lists it at d=128 only. The host side: hopper.py.
-TOKEN (the token contract, opt-in at d=128 in the registry, not yet timed): _tile_token as the tile
+spills), so the registry lists it at d=128 only for the block contract. The host side: hopper.py.
+TOKEN (the token contract; the registry's default on sm_90 since its H100 run: plain at d=128, -19%
+causal against the Triton token dQ, warp-specialised at d=64, -8..-12%): _tile_token as the tile
 step, backward.py's TOKEN arithmetic: X = dS s_K quantised with one scale per q row of the tile (a
 quad's shuffles in the accumulator layout: no exchange between the warps, no tile scales written),
 s_K per kv row by TMA with each tile pair (a ring beside K^'s), s_Q per q row loaded once

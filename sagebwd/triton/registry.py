@@ -19,8 +19,8 @@ no environment variable, no module state. Experimental kernels (``sagebwd/triton
 measured slower, never a default) are imported only where a choice names them.
 
 Each quantisation contract has its rows (``quant``: "block", the paper's; "token", per-token
-scales, run by the Triton kernels with TOKEN, and on Hopper by the Gluon dK/dV with TOKEN, and the
-Gluon dQ with TOKEN where chosen); a new contract or kernel adds rows here and entries
+scales, run by the Triton kernels with TOKEN, and on Hopper by the Gluon dK/dV and dQ with TOKEN);
+a new contract or kernel adds rows here and entries
 to ``KERNELS``, and ``select`` and the printed table take them as they are.
 """
 from __future__ import annotations

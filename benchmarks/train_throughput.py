@@ -312,6 +312,7 @@ def deepspeed_steps(config: RunConfig, first: Row, compile_backend: str,
 
     extra = {"zero_stage": config.parallel.zero_stage, "grad_accum": layout.grad_accum,
              "bf16": use_bf16(config), "check_grad_overflow": config.train.check_grad_overflow,
+             "grad_accum_dtype": config.train.grad_accum_dtype, "optimizer": type(engine.optimizer).__name__,
              "grad_clip": config.optimizer.grad_clip}
     try:
         yield step, read, layout.tokens_per_step, extra

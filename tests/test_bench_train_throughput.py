@@ -58,7 +58,8 @@ def test_the_deepspeed_engine_rows_beside_the_manual_ones(tmp_path, capsys):
     assert all(r["error"] is None and r["tokens_per_s"] > 0 and r["tokens_per_step"] == 128
                for r in rows)
     assert rows[1]["extra"] == {"zero_stage": 1, "grad_accum": 1, "bf16": True,
-                                "check_grad_overflow": False, "grad_clip": 1.0}
+                                "check_grad_overflow": False, "grad_accum_dtype": "bf16",
+                                "optimizer": "DeepSpeedZeroOptimizer", "grad_clip": 1.0}
     assert abs(rows[0]["first_loss"] - rows[1]["first_loss"]) < 1e-2   # fp32 vs bf16
     assert data["args"]["engine"] == ["manual", "deepspeed"] and data["environment"]["deepspeed"]
 

@@ -523,8 +523,9 @@ SWEEP = {
     ("dq", 128): [(8, 3, 0), (8, 2, 128)],
     ("dq", 64): [(4, 3, 0), (8, 3, 128), (8, 2, 128)],
     # forward: (rows, num_warps, num_stages, maxnreg)
-    ("forward", 128): [(64, 4, 3, 0), (64, 4, 4, 0), (128, 8, 3, 0), (64, 4, 3, 168)],
-    ("forward", 64): [(64, 4, 3, 128), (64, 4, 4, 128), (64, 4, 3, 0)],
+    ("forward", 128): [(64, 4, 3, 0), (64, 4, 4, 0), (64, 4, 2, 0), (128, 8, 3, 0), (128, 8, 2, 0), (64, 4, 3, 168)],
+    ("forward", 64): [(64, 4, 3, 128), (64, 4, 4, 128), (64, 4, 2, 128), (64, 4, 3, 0), (128, 8, 3, 0),
+                      (128, 8, 2, 0)],
 }
 
 
@@ -556,7 +557,8 @@ def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward"), impl: str = "sa
                     overrides["forward_rows"] = rows
                 else:
                     warps, stages, maxnreg = variant
-                overrides[kernel] = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+                # maxnreg 0: no cap, also where the kernel's default sets one (None removes it)
+                overrides[kernel] = dict(num_warps=warps, num_stages=stages, maxnreg=maxnreg or None)
                 mode = "fwd" if kernel == "forward" else "bwd"
                 try:   # the Triton kernels: the settings swept are theirs
                     r = time_impl(impl, shape, True, mode, Tuning(overrides))

@@ -49,6 +49,18 @@ def test_launch_reraises_what_fewer_stages_cannot_fix():
         launch.launch("standin-c", _StandInKernel(fits_at=1, error="registers"), (1,), 0, num_stages=3)
 
 
+def test_a_tool_can_lift_a_default_register_cap(monkeypatch):
+    """The sweep's maxnreg 0 ("the compiler's choice") must remove a kernel's default cap, not keep it:
+    a variant that silently kept it once read as a 2% gain that the change then lost on the GPU."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    default = dict(num_warps=4, num_stages=3, maxnreg=128)
+    assert launch.launch_settings("forward", default) == default
+    lifted = launch.Tuning({"forward": dict(num_warps=4, num_stages=3, maxnreg=None)})
+    assert launch.launch_settings("forward", default, lifted) == dict(num_warps=4, num_stages=3)
+    capped = launch.Tuning({"forward": dict(maxnreg=168)})
+    assert launch.launch_settings("forward", default, capped)["maxnreg"] == 168
+
+
 def test_kernel_choice_is_validated_and_never_leaves_sm90():
     """The registry reads `kernels`: a typo fails with what is accepted, and off Hopper (here: the
     CPU, as under the interpreter) the Triton kernels always run, whatever was chosen."""

@@ -84,4 +84,4 @@ def launch_settings(name: str, default: dict, tuning: Tuning | None = None) -> d
         return dict(num_warps=1, num_stages=1)
     override = overrides(tuning).get(name, {})
     merged = {**default, **(override if isinstance(override, dict) else {})}
-    return {k: v for k, v in merged.items() if k in LAUNCH_OPTIONS}
+    return {k: v for k, v in merged.items() if k in LAUNCH_OPTIONS and v is not None}   # None: the compiler's

@@ -155,8 +155,13 @@ def _k_order_case() -> dict:
     x, do, o = [torch.randn(1, 2, 256, 64, generator=gen).half() for _ in range(3)]
     rows, cols, _, _ = kq.quantize_blocks(x, 64, cols=True)
     do_rows, _, do_scale, _ = kq.quantize_blocks(do, 128)
-    _, _, do_cols, do_cols_scale = kq.backward_preprocess(do, o, torch.zeros(1, 2, 256), 128)
+    lse = torch.zeros(1, 2, 256)
+    delta, _, do_cols, do_cols_scale, no_delta_sq = kq.backward_preprocess(do, o, lse, 128)
+    s_q = torch.rand(1, 2, 256, generator=gen) + 0.5   # the token contract's Q scales
+    delta_t, _, do_cols_t, _, delta_sq = kq.backward_preprocess(do, o, lse, 128, s_q)
     return {"name": "k_order",
+            "delta_sq": no_delta_sq is None and bool(torch.equal(delta_t, delta))
+            and bool(torch.equal(do_cols_t, do_cols)) and bool(torch.equal(delta_sq, delta * s_q)),
             "index_head": k_order_index(16).tolist(),
             "cols_differ": bool(torch.equal(cols, rows.transpose(-1, -2))),
             "cols": bool(torch.equal(from_k_order(cols), rows.transpose(-1, -2))),
@@ -270,6 +275,12 @@ def test_transposed_copies_are_in_k_order(results):
     assert r["index_head"] == [8 * h + 2 * t + p for t in range(4) for h in range(2) for p in range(2)]
     assert r["cols"] and r["do_cols"], r
     assert not r["cols_differ"], "the copy is a plain transpose: not k-ordered"
+
+
+def test_token_preprocess_writes_delta_times_q_scale(results):
+    """The token contract's delta s_Q (the Gluon dK/dV's column constant) is the fp32 product the dK/dV
+    kernels computed themselves, bit for bit; the block contract gets none and the same delta and dO^."""
+    assert results["k_order"]["delta_sq"]
 
 
 if __name__ == "__main__":

@@ -452,6 +452,7 @@ class BackwardCall:
     block_q: int
     block_kv: int
     token: bool      # the "token" contract: s_q, s_k per token, no tile scales
+    delta_sq: torch.Tensor | None = None   # token: delta s_Q per q row (the Gluon dK/dV's column constant)
 
 
 def _triton_args(c: BackwardCall) -> tuple:
@@ -500,12 +501,13 @@ def run_dkdv(c: BackwardCall, tuning: Tuning | None = None) -> None:
             **launch_settings(name if name in overrides(tuning) else "dkdv", default, tuning), tuning=tuning)
 
 
-def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, causal: bool,
+def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delta_sq=None, causal: bool,
              smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None,
              layout_of=None, kernels: str = "default", quant: str = "block", tuning: Tuning | None = None):
     """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype), all three in layout_of's memory
     order (contiguous without it; _common.empty_in_layout_of). do and v may have any strides;
-    lse2 is the forward's LSE times log2(e) (backward_preprocess writes it). quant: the contract
+    lse2 is the forward's LSE times log2(e) (backward_preprocess writes it, and with the token
+    contract delta_sq = delta s_Q; computed here if not given). quant: the contract
     ("token": s_q, s_k per token). The dQ and the dK/dV kernels are the registry's for this device,
     contract and `kernels` (one of them may compute all three)."""
     b, h, n, d = q8.shape
@@ -519,10 +521,12 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, caus
     # Zeros: causal dK/dV slices may touch tiles wholly above the diagonal, which the dQ kernel
     # skips; zero scales make them contribute 0. The "token" contract has none (a placeholder).
     token = quant == "token"
+    if token and delta_sq is None:
+        delta_sq = delta * s_q
     tile_scales = None if one_kernel else s_q if token else torch.zeros(
         b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32)
     call = BackwardCall(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, tile_scales, causal,
-                        smooth_k, mu_q, k, k_mean, block_q, block_kv, token)
+                        smooth_k, mu_q, k, k_mean, block_q, block_kv, token, delta_sq)
     registry.load(dq_kernel)(call, tuning)   # first: it writes the tile scales
     if not one_kernel:
         registry.load(dkdv_kernel)(call, tuning)

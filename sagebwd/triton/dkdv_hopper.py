@@ -458,10 +458,11 @@ def _token_probs(st, kq, sq, lse, offs_q, offs_kv, MASK: gl.constexpr, MASK_DIAG
 
 
 @gluon.jit
-def _token_y(p, dpt, sq, delta, s_layout: gl.constexpr):
+def _token_y(p, dpt, sq, delta_sq, s_layout: gl.constexpr):
     """Y^T = dS^T s_Q = P^T (dP^T s_Q - delta s_Q), as backward.py: one fma (contracted as there) with
-    delta s_Q per column, then the multiply by P^T."""
-    return p * (gl.convert_layout(dpt, s_layout) * sq[None, :] - (delta * sq)[None, :])
+    delta s_Q per column, then the multiply by P^T. delta_sq (in the delta ring) comes as such from
+    backward_preprocess: computed here it was a multiply per column of every tile, 0.5 per element."""
+    return p * (gl.convert_layout(dpt, s_layout) * sq[None, :] - delta_sq[None, :])
 
 
 @gluon.jit
@@ -521,12 +522,13 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
                               use_acc=False, is_async=True)
     if HAS_A:
         st_a = warpgroup_mma_wait(2 if DK_PASS else 1, deps=[st_a])
-        p_a = _token_probs(st_a, kq, _slice_vector(sq_smem, slot, 0, col, SLICE, BLOCKED),
+        sq_a = _slice_vector(sq_smem, slot, 0, col, SLICE, BLOCKED)
+        p_a = _token_probs(st_a, kq, sq_a,
                            _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED), offs_a, offs_kv, MASK_A, MASK_DIAG,
                            diag)
         if PASS == DK_ONLY:
             dpt_a = warpgroup_mma_wait(1, deps=[dpt_a])
-            p_a = _token_y(p_a, dpt_a, _slice_vector(sq_smem, slot, 0, col, SLICE, BLOCKED),
+            p_a = _token_y(p_a, dpt_a, sq_a,
                            _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED), s_layout)   # now Y^T
     if PASS == DK_ONLY:   # dP^T of slice b only now: all four tiles in flight spilled at d=128
         dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_dp,
@@ -536,7 +538,8 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         st_b = warpgroup_mma_wait(1, deps=[st_b])
     else:
         st_b = warpgroup_mma_wait(0, deps=[st_b])
-    p_b = _token_probs(st_b, kq, _slice_vector(sq_smem, slot, 1, col, SLICE, BLOCKED),
+    sq_b = _slice_vector(sq_smem, slot, 1, col, SLICE, BLOCKED)
+    p_b = _token_probs(st_b, kq, sq_b,
                        _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED), offs_b, offs_kv, MASK_B, MASK_DIAG, diag)
 
     if DV_PASS:
@@ -568,7 +571,9 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
 
     if DK_PASS:
         # Y^T = dS^T s_Q per (kv row, q block): its row maximum over both slices, Y^ of both, dK = Y^T Q
-        y_b = _token_y(p_b, dpt_b, _slice_vector(sq_smem, slot, 1, col, SLICE, BLOCKED),
+        if PASS == BOTH:   # s_Q read again: held across the dV dots, the d=64 kernel spilled
+            sq_b = _slice_vector(sq_smem, slot, 1, col, SLICE, BLOCKED)
+        y_b = _token_y(p_b, dpt_b, sq_b,
                        _slice_vector(delta_smem, slot, 1, col, SLICE, BLOCKED), s_layout)
         y_max = gl.max(gl.abs(y_b), axis=1)
         if HAS_A:

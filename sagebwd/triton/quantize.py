@@ -93,13 +93,15 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
 
 
 @triton.jit
-def _backward_preprocess_kernel(DO, O, LSE, DELTA, LSE2, DO_COLS, DO_SCALE,
+def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, DO_COLS, DO_SCALE,
                                 stride_dob, stride_doh, stride_don, stride_dod,
                                 stride_ob, stride_oh, stride_on, stride_od, H, N,
-                                BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+                                BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, TOKEN: tl.constexpr):
     """delta = rowsum(dO * O) (fp32), the LSE in base 2 (the backward's exp2 takes it as is,
     instead of one multiply per score-tile column) and the per-block INT8 dO, sequence-contiguous
-    in k order."""
+    in k order. TOKEN: also delta s_Q (s_Q per token), which the Gluon dK/dV subtracts per column of
+    every tile (Y^T = P^T (dP^T s_Q - delta s_Q)): one multiply per q row here instead of one per
+    column of every tile there (-0.5 instructions per score element of its loop)."""
     blk = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -110,7 +112,10 @@ def _backward_preprocess_kernel(DO, O, LSE, DELTA, LSE2, DO_COLS, DO_SCALE,
                  + offs_n[:, None] * stride_don + offs_d[None, :] * stride_dod).to(tl.float32)
     o = tl.load(O + b * stride_ob + h * stride_oh
                 + offs_n[:, None] * stride_on + offs_d[None, :] * stride_od).to(tl.float32)
-    tl.store(DELTA + bh * N + offs_n, tl.sum(do * o, axis=1))
+    delta = tl.sum(do * o, axis=1)
+    tl.store(DELTA + bh * N + offs_n, delta)
+    if TOKEN:
+        tl.store(DELTA_SQ + bh * N + offs_n, delta * tl.load(SQ + bh * N + offs_n))
     tl.store(LSE2 + bh * N + offs_n, tl.load(LSE + bh * N + offs_n) * LOG2E)
     do8, scale = quantize_tile(do)
     tl.store(DO_SCALE + bh * (N // BLOCK) + blk, scale)
@@ -203,15 +208,19 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
 
 
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,
-                        tuning: Tuning | None = None):
+                        s_q: torch.Tensor | None = None, tuning: Tuning | None = None):
     """Returns (delta (B,H,N) fp32, LSE * log2(e) (B,H,N) fp32, dO int8 (B,H,D,N) in k order, dO scales
-    (B,H,N/block_q))."""
+    (B,H,N/block_q), delta s_Q (B,H,N) fp32 or None). s_q: the token contract's Q scales per token
+    (B,H,N); without them (the block contract) there is no delta s_Q."""
     b, h, n, d = do.shape
     delta = torch.empty(b, h, n, device=do.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
+    delta_sq = torch.empty_like(delta) if s_q is not None else None
     do_cols = torch.empty(b, h, d, n, device=do.device, dtype=torch.int8)
     do_scale = torch.empty(b, h, n // block_q, device=do.device, dtype=torch.float32)
+    token = s_q is not None
     launch("backward_preprocess", _backward_preprocess_kernel, (n // block_q, b * h),
-        do, o, lse, delta, lse2, do_cols, do_scale, *do.stride(), *o.stride(), h, n,
-        BLOCK=block_q, HEAD_DIM=d, num_warps=_warps(block_q, d), tuning=tuning)
-    return delta, lse2, do_cols, do_scale
+        do, o, lse, s_q if token else delta, delta, delta_sq if token else delta, lse2, do_cols, do_scale,
+        *do.stride(), *o.stride(), h, n, BLOCK=block_q, HEAD_DIM=d, TOKEN=token, num_warps=_warps(block_q, d),
+        tuning=tuning)
+    return delta, lse2, do_cols, do_scale, delta_sq

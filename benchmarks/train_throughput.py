@@ -277,7 +277,7 @@ def deepspeed_steps(config: RunConfig, first: Row, compile_backend: str,
     from launcher.engine import build_engine, use_bf16
     from launcher.layout import resolve_layout
     from launcher.step_metrics import PendingStep, read_metrics
-    from launcher.train import Shard, train_step
+    from launcher.train import Shard, compile_model, train_step
     from model import Llama
 
     init_process_group()   # before DeepSpeed's first import: on the CPU it is told its accelerator
@@ -288,11 +288,11 @@ def deepspeed_steps(config: RunConfig, first: Row, compile_backend: str,
     layout = resolve_layout(config, 1)
     torch.manual_seed(config.seed)
     model = Llama(config.model)
-    if first.compile != "none":   # in place, as train.compile (the trainer) does it
-        model.compile(backend=compile_backend,
-                      **({} if first.compile == "default" else {"mode": first.compile}))
+    if first.compile != "none":   # in place, as train.compile (the trainer) does it, in its mode
+        compile_model(model, first.compile, compile_backend)
     engine = build_engine(model, config, layout)
-    shard = Shard(layout, 0, engine.device, config.model.loss_impl)
+    # reduce-overhead: a new CUDA-graph iteration per micro-batch, as the trainer's Shard marks it
+    shard = Shard(layout, 0, engine.device, config.model.loss_impl, cuda_graphs=first.compile == "reduce-overhead")
     # (inputs, targets) on the host, as the trainer's loader hands them over
     pairs = [(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in batches]
 
@@ -301,8 +301,6 @@ def deepspeed_steps(config: RunConfig, first: Row, compile_backend: str,
             yield pairs[(i * layout.grad_accum + k) % len(pairs)]
 
     def step(i: int) -> PendingStep:
-        if first.compile == "reduce-overhead":
-            torch.compiler.cudagraph_mark_step_begin()
         loss, grad_norm = train_step(engine, micro_batches(i), layout.grad_accum, shard)
         return PendingStep(i + 1, loss, grad_norm, lr=0.0, tokens_seen=0, memory_gib=0.0,
                            time_ms=0)

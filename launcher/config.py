@@ -87,6 +87,15 @@ class TrainConfig(Section):
     # one opaque op in the graph; under Ulysses SP the attention wrapper runs eagerly
     # (model/sequence_parallel.py says why).
     compile: bool = False
+    # Inductor's mode with train.compile. "reduce-overhead" also replays the model's forward and
+    # backward from CUDA graphs (Inductor's cudagraph trees; a no-op on the CPU): the host no
+    # longer launches each kernel, which matters where it cannot keep up with the GPU. SageBwd's
+    # op issues ~2 ms of host work per forward + backward (docs/benchmarks.md, "Host time"), so
+    # with it the trainer can be host-bound: on an H100 (gpu-124m, seq 4096, real engine) token
+    # 73.3 -> 60.4 ms per step, FPA 60.1 -> 55.4 (docs/benchmarks.md, "CUDA graphs in the
+    # trainer"). The same kernels run (the same numbers); more memory may stay reserved for the
+    # graphs' pools; each new input shape (eval) records its own graph. One process per GPU, SP 1.
+    compile_mode: Literal["default", "reduce-overhead"] = "default"
 
 
 class ParallelConfig(Section):
@@ -167,6 +176,13 @@ def cross_section_problems(config: RunConfig) -> list[str]:
     if config.train.grad_accum_dtype == "fp32" and config.parallel.zero_stage != 1:
         problems.append(f"train.grad_accum_dtype fp32 needs parallel.zero_stage 1 (DeepSpeed's BF16_Optimizer), "
                         f"not {config.parallel.zero_stage}; set the stage to 1 or the dtype to bf16")
+    if config.train.compile_mode != "default" and not config.train.compile:
+        problems.append(f"train.compile_mode {config.train.compile_mode} needs train.compile: true; set it, "
+                        f"or leave compile_mode at default")
+    if config.train.compile_mode == "reduce-overhead" and config.parallel.sp > 1:
+        problems.append(f"train.compile_mode reduce-overhead runs with parallel.sp 1 only (Ulysses' all-to-alls "
+                        f"run eagerly between the compiled parts; CUDA graphs around them are untested), not "
+                        f"{config.parallel.sp}; use compile_mode default with sequence parallelism")
     try:
         check_static_layout(config)
     except ValueError as err:

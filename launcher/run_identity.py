@@ -30,7 +30,7 @@ from launcher.tracking import flatten
 # function to rounding). train.check_grad_overflow changes no finite step, and a non-finite one
 # stops the run either way (launcher/config.py).
 SAFE_KEYS = frozenset({
-    "train.steps", "train.log_every", "train.peak_tflops", "train.compile",
+    "train.steps", "train.log_every", "train.peak_tflops", "train.compile", "train.compile_mode",
     "train.check_grad_overflow",
     "model.sagebwd_kernels", "model.loss_impl", "model.loss_chunk_tokens",
     "eval.every", "eval.batches", "checkpoint.every", "checkpoint.keep_last", "data.verify",

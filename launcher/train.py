@@ -96,15 +96,26 @@ def micro_batch_loss(model, x: torch.Tensor, y: torch.Tensor, loss_impl: str, st
     return model(x, start_pos=start_pos, targets=y)
 
 
+def compile_model(model: Llama, mode: str = "default", backend: str = "inductor") -> None:
+    """train.compile: nn.Module.compile in place (parameter names, and so checkpoints, unchanged), in
+    train.compile_mode (the trainer and benchmarks.train_throughput)."""
+    model.compile(backend=backend, **({} if mode == "default" else {"mode": mode}))
+
+
+def uses_cuda_graphs(config: RunConfig) -> bool:
+    return config.train.compile and config.train.compile_mode == "reduce-overhead"
+
+
 class Shard:
     """This rank's slice of every sample: tokens [sp_rank * L/sp, (sp_rank+1) * L/sp)."""
 
     def __init__(self, layout: Layout, sp_rank: int, device: torch.device,
-                 loss_impl: str = "plain"):
+                 loss_impl: str = "plain", cuda_graphs: bool = False):
         self.start = sp_rank * layout.local_seq_len
         self.stop = self.start + layout.local_seq_len
         self.device = device
         self.loss_impl = loss_impl
+        self.cuda_graphs = cuda_graphs   # train.compile_mode reduce-overhead
 
     def to_device(self, tokens: torch.Tensor) -> torch.Tensor:
         """A blocking host-to-GPU copy waits for all the work queued on the device (a stream
@@ -119,6 +130,10 @@ class Shard:
         """Mean loss over this rank's tokens. The SP ranks' losses average to the sample's
         loss, and their partial gradients sum to its gradient (see launcher.engine)."""
         x, y = (self.to_device(t[:, self.start:self.stop]) for t in batch)
+        if self.cuda_graphs:
+            # Each micro-batch is a new iteration for Inductor's CUDA graphs: the previous replay's
+            # outputs may be overwritten (the callers copy what they keep: loss_sum, eval's total)
+            torch.compiler.cudagraph_mark_step_begin()
         return micro_batch_loss(engine, x, y, self.loss_impl, self.start)
 
 
@@ -251,13 +266,13 @@ def train(config: RunConfig, *, resume: str = "none",
 
         enable_ulysses(model, sp_group)
     if config.train.compile:
-        model.compile()   # in place: parameter names (and so checkpoints) unchanged
+        compile_model(model, config.train.compile_mode)
     engine = build_engine(model, config, layout)
     from data_prep.loader import data_parallel_coords
 
     dp_rank, dp_world = data_parallel_coords(rank(), layout.world, layout.sp)
     train_batches, eval_batches = build_batches(config, dp_rank, dp_world)
-    shard = Shard(layout, sp_rank, engine.device, config.model.loss_impl)
+    shard = Shard(layout, sp_rank, engine.device, config.model.loss_impl, uses_cuda_graphs(config))
 
     state = None
     if resume_from:

@@ -50,6 +50,10 @@ def test_explicit_model_fields_override_the_preset(tmp_path):
     (["schedule.min_lr_ratio=2"], r"schedule\.min_lr_ratio"),
     (["model.preset=gpt5"], r"unknown model preset 'gpt5'"),
     (["train.compile=sometimes"], r"train\.compile: .*valid boolean.*'sometimes'"),
+    (["train.compile_mode=max-autotune"], r"train\.compile_mode: .*'default' or 'reduce-overhead'"),
+    (["train.compile_mode=reduce-overhead"], r"compile_mode reduce-overhead needs train\.compile: true"),
+    (["train.compile=true", "train.compile_mode=reduce-overhead", "parallel.sp=2"],
+     r"compile_mode reduce-overhead runs with parallel\.sp 1 only .* not 2"),
 ])
 def test_bad_values_are_reported_with_their_key(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):

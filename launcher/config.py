@@ -93,8 +93,10 @@ class TrainConfig(Section):
     # op issues ~2 ms of host work per forward + backward (docs/benchmarks.md, "Host time"), so
     # with it the trainer can be host-bound: on an H100 (gpu-124m, seq 4096, real engine) token
     # 73.3 -> 60.4 ms per step, FPA 60.1 -> 55.4 (docs/benchmarks.md, "CUDA graphs in the
-    # trainer"). The same kernels run (the same numbers); more memory may stay reserved for the
-    # graphs' pools; each new input shape (eval) records its own graph. One process per GPU, SP 1.
+    # trainer"). Opt-in: the losses are not bit-identical to the default mode's (neither are two
+    # default runs on a GPU; 40 steps of gpu-124m stayed within 0.08% for token, 3.7% for FPA in
+    # its spiky warm-up, against 0.015% / 0.7% between two default runs); each new input shape
+    # (eval) records its own graph, whose memory pool stays reserved. SP 1 only.
     compile_mode: Literal["default", "reduce-overhead"] = "default"
 
 

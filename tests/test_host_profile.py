@@ -1,0 +1,39 @@
+"""tools/host_profile.py on the CPU: the op's own host path to its sm90 launches (recorded, not run),
+profiled per stage; bad arguments refused with the fix."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("triton")
+from tools import host_profile  # noqa: E402
+
+
+@pytest.mark.parametrize("quant", ["token", "block"])
+def test_cpu_profile_reports_the_launches_and_stages(tmp_path, capsys, quant):
+    out = tmp_path / "host.json"
+    assert host_profile.main(["--quant", quant, "--shape", "1,2,256,64", "--calls", "2", "--top", "5",
+                              "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    # d=64 on sm90: one quantise launch, the forward, the preprocess, dQ and the one-launch dK/dV
+    assert report["launches"] == ["quantize", "forward", "backward_preprocess", "dq", "dkdv"]
+    assert report["device"].startswith("cpu") and report["host_ms_per_call"] > 0
+    stages = report["stages_ms"]
+    assert stages["backward (preprocess + dQ + dK/dV)"] > stages["TMA descriptors (Gluon)"] > 0
+    assert stages["K mean"] == 0   # stubbed on the CPU: not this path's cost
+    assert len(report["top"]) == 5
+    text = capsys.readouterr().out
+    assert f"{quant} contract, causal fwd+bwd at (1, 2, 256, 64)" in text and "| TMA descriptors (Gluon) |" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shape", "1,2,256"], "--shape takes B,H,N,D"),
+    (["--shape", "1,2,200,64"], "a multiple of 128"),
+    (["--shape", "1,2,256,96"], "head dim 64 or 128"),
+    (["--calls", "0"], "at least 1"),
+])
+def test_bad_arguments_say_what_to_fix(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        host_profile.main(argv)
+    assert message in capsys.readouterr().err

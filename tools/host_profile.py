@@ -1,0 +1,166 @@
+"""`python -m tools.host_profile [--quant token] [--shape B,H,N,D] [--calls 50] [--top 25] [--json FILE]`
+
+Where SageBwd's host (CPU) time per causal forward + backward goes: the op's Python, its tensor
+allocations, the TMA descriptors of the Gluon kernels, Triton's launcher, autograd. In training the
+op is host-heavy (about 2 ms per forward + backward on an H100's host, against cuDNN's 0.5; at 12
+layers the step can wait for the host: docs/benchmarks.md, "CUDA graphs in the trainer"), so this
+is the measurement to take before cutting that cost, and after.
+
+On CUDA: `sagebwd.attention` called `--calls` times without waiting for the GPU (the host time per
+call, as `benchmarks.attention`'s host_ms), then again under cProfile; the top functions by their
+own time and the cumulative time of the op's stages.
+
+Without a GPU: the same op path with the sm90 kernels chosen and every launch recorded instead of
+run (sagebwd.triton.launch.Tuning(recorded=..., arch="sm90"), as tools.offline does), so it
+profiles this project's own Python up to the launches (kernel choice, allocations, descriptors,
+launch arguments) but not Triton's launcher, the driver or autograd; the K mean (a GPU kernel
+there, a slow bf16 reduction on a CPU) is computed once and handed back, so it is not in the times.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import time
+from unittest import mock
+
+import torch
+
+# The op's stages as cProfile names them (module path fragment, function): their cumulative time
+STAGES = {
+    "forward (quantise + kernel)": ("sagebwd/triton/ops.py", "_forward_impl"),
+    "backward (preprocess + dQ + dK/dV)": ("sagebwd/triton/ops.py", "_backward_impl"),
+    "TMA descriptors (Gluon)": ("sagebwd/triton/hopper.py", "desc"),
+    "kernel launches": ("sagebwd/triton/launch.py", "launch"),
+    "K mean": ("sagebwd/triton/quantize.py", "sequence_mean"),   # stubbed on the CPU
+}
+
+
+def _shape(text: str) -> tuple[int, int, int, int]:
+    try:
+        b, h, n, d = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape takes B,H,N,D (four integers), not {text!r}") from None
+    if min(b, h, n, d) < 1 or d not in (64, 128) or n % 128:
+        raise argparse.ArgumentTypeError(f"--shape {text}: head dim 64 or 128 and a sequence that is a multiple "
+                                         f"of 128 (the kernels' tiles)")
+    return b, h, n, d
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def call_on_gpu(shape, quant: str):
+    """One causal fwd+bwd through the public op, the gradients dropped (the benchmark's call)."""
+    import sagebwd
+    q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
+    do = torch.randn_like(q)
+
+    def call():
+        sagebwd.attention(q, k, v, causal=True, quant=quant).backward(do)
+        q.grad = k.grad = v.grad = None
+    return call
+
+
+def call_recorded(shape, quant: str):
+    """The op's own path on the CPU, its sm90 launches recorded instead of run (tools.offline's way)."""
+    from sagebwd.triton import ops, quantize
+    from sagebwd.triton.launch import Tuning
+    q, k, v, do = [torch.randn(*shape).to(torch.bfloat16) for _ in range(4)]
+    token = quant == "token"
+    k_mean = quantize.sequence_mean(k)
+
+    def call():
+        tuning = Tuning(recorded=[], arch="sm90")
+        with mock.patch.object(quantize, "sequence_mean", lambda _: k_mean):
+            fwd = ops._forward_impl(q, k, v, True, True, False, 128, 64, token, True, "default", tuning)
+        o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, mean = fwd
+        ops._backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, mean, True, True, False, 128, 64,
+                           token, "default", tuning)
+        return [name for name, *_ in tuning.recorded]
+    return call
+
+
+def stage_ms(stats: pstats.Stats, calls: int) -> dict[str, float]:
+    """Cumulative ms per op call of each stage in STAGES (0 where it did not run)."""
+    out = {}
+    for stage, (path, func) in STAGES.items():
+        total = sum(cum for (file, _, name), (_, _, _, cum, _) in stats.stats.items()
+                    if name == func and file.replace("\\", "/").endswith(path))
+        out[stage] = total / calls * 1e3
+    return out
+
+
+def top_functions(stats: pstats.Stats, calls: int, top: int) -> list[dict]:
+    """The `top` functions by their own time: ms per op call, calls per op call, where."""
+    rows = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    return [{"function": name, "where": f"{file}:{line}", "own_ms": own / calls * 1e3,
+             "cumulative_ms": cum / calls * 1e3, "calls": n / calls}
+            for (file, line, name), (_, n, own, cum, _) in rows]
+
+
+def profile(shape, quant: str, calls: int, top: int) -> dict:
+    gpu = torch.cuda.is_available()
+    call = call_on_gpu(shape, quant) if gpu else call_recorded(shape, quant)
+    launches = None
+    for _ in range(3):   # compiled kernels, allocator and descriptor caches warm
+        launches = call()
+    if gpu:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    host_ms = (time.perf_counter() - start) / calls * 1e3
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    if gpu:
+        torch.cuda.synchronize()
+    stats = pstats.Stats(profiler)
+    stages = stage_ms(stats, calls)
+    return {"device": torch.cuda.get_device_name() if gpu else "cpu (launches recorded, not run; K mean stubbed)",
+            "shape": list(shape), "quant": quant, "calls": calls, "host_ms_per_call": host_ms,
+            "launches": launches, "stages_ms": stages, "top": top_functions(stats, calls, top)}
+
+
+def print_report(report: dict) -> None:
+    print(f"{report['device']}: {report['quant']} contract, causal fwd+bwd at {tuple(report['shape'])}, "
+          f"{report['calls']} calls: {report['host_ms_per_call']:.3f} ms of host time per call"
+          + (f"; launches {report['launches']}" if report["launches"] else ""))
+    print("\n| stage | ms per call (cProfile, cumulative) |\n|---|---|")
+    for stage, ms in report["stages_ms"].items():
+        print(f"| {stage} | {ms:.3f} |")
+    print("\n| function | own ms per call | cumulative ms | calls per call | where |\n|---|---|---|---|---|")
+    for row in report["top"]:
+        print(f"| {row['function']} | {row['own_ms']:.3f} | {row['cumulative_ms']:.3f} | {row['calls']:g} | "
+              f"{row['where']} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.host_profile", description=__doc__.split("\n\n")[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quant", choices=["block", "token"], default="token")
+    ap.add_argument("--shape", type=_shape, default=(4, 12, 4096, 64),
+                    help="B,H,N,D (default: gpu-124m's attention at seq 4096, micro-batch 4)")
+    ap.add_argument("--calls", type=_positive, default=50)
+    ap.add_argument("--top", type=_positive, default=25)
+    ap.add_argument("--json", help="write the report here")
+    args = ap.parse_args(argv)
+    report = profile(args.shape, args.quant, args.calls, args.top)
+    print_report(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

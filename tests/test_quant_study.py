@@ -42,6 +42,23 @@ def test_each_variant_changes_only_its_own_quantisation_point():
     assert torch.equal(out["d"]["dv"], a["dv"])   # dV = P^T dO does not see O
 
 
+def test_g_changes_only_the_forwards_denominator():
+    """g: l summed from P^ / 127. O and the LSE change (so P, dS and every gradient through them),
+    but not by more than P's INT8 rounding; with P~ unquantised (quantize off) it would be variant a."""
+    from tools.quant_study import _quantized_sum_output
+    from sagebwd.simulate import forward
+    q, k, v, do = gaussian_inputs(3.0, 1, 2, 128, 64, 0)
+    cfg = SageConfig(causal=True, block_q=32, block_kv=16, quant="token")
+    out = run_variants(q, k, v, do, cfg, ["a", "g"])
+    for c in ("o", "dq", "dk", "dv"):
+        assert not torch.equal(out["g"][c], out["a"][c])
+        assert (out["g"][c].float() - out["a"][c].float()).norm() < 0.02 * out["a"][c].float().norm(), c
+    o, saved = forward(q, k, v, cfg)
+    o_g, lse_g = _quantized_sum_output(saved, cfg)
+    # each P~ moves by at most 1/254 when rounded, errors of both signs that mostly cancel in the sum
+    assert 0 < (lse_g - saved.lse).abs().max() < 0.02
+
+
 def test_fp8_rounding_and_fragment_groups():
     x = torch.tensor([448.0, 500.0, 1.0 + 2 ** -4, 1.0 + 3 * 2 ** -4, 2.0 ** -9, 2.0 ** -11, -3.3])
     assert fp8_e4m3(x).tolist() == [448.0, 448.0, 1.0, 1.25, 2.0 ** -9, 0.0, -3.25]
@@ -60,7 +77,7 @@ def test_fp8_rounding_and_fragment_groups():
     assert torch.equal(q1, q2) and torch.equal(s1, s2.squeeze(-1))
 
 
-@pytest.mark.parametrize("variant", ["b", "d", "e"])
+@pytest.mark.parametrize("variant", ["b", "d", "e", "g"])
 def test_variants_stay_close_to_fpa(variant):
     r = study([1.0], [variant], **TINY)[variant][1.0]
     assert all(0 < r[c] < 0.05 for c in COLUMNS)

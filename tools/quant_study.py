@@ -1,5 +1,5 @@
-"""Accuracy study for kernel-notes plan item 4: FP8 products and per-fragment Q/K scales in the
-"token" contract, by fake quantisation on the CPU.
+"""Accuracy study for kernel-notes plan item 4: FP8 products, per-fragment Q/K scales and a quantised
+softmax denominator in the "token" contract, by fake quantisation on the CPU.
 
     python -m tools.quant_study [--seq 1024] [--head-dim 64] [--causal] [--sigmas 1 3 5 8] [--seeds 1]
                                 [--variants a b c d e f] [--json PATH]
@@ -32,6 +32,10 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      4 interleaved groups per tile, token i in group (i mod 8) // 2, Q within its block_q (128)
      tile (32 tokens a scale), K within its block_kv (64) tile (16 tokens a scale).
 
+  g  the forward's softmax denominator l summed from the quantised P^ / 127 (what a kernel gets free
+     from the tensor cores with a column of ones beside V^) instead of the float P~; O and the LSE
+     (and so the backward's P) change with it. Not in the default list (``--variants a g``).
+
   Diagnostic (``--variants fK``): f's K grouping with Q per token, as the contract has it (Q sits
   on the M side in the forward and the dQ kernel, where its per-token scale costs no outer product).
 
@@ -50,7 +54,7 @@ import sys
 import torch
 
 from sagebwd.fpa import fpa_attention
-from sagebwd.quant import quantize_groups
+from sagebwd.quant import QMAX, quantize_groups, quantize_row_blocks
 from sagebwd.simulate import SageConfig, backward, compute_dtype, forward, forward_quantized, scores, smooth
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS
@@ -65,6 +69,7 @@ VARIANTS = {
     "e": "Q/K per fragment, SageAttention2 sm90 (Q 2 tok, K 32 of 128)",
     "f": "Q/K per fragment of our tiles (Q 32 of 128, K 16 of 64)",
     "fK": "diagnostic: f's K (16 of 64), Q per token",
+    "g": "fwd denominator l from the quantised P^ (a ones column beside V^)",
 }
 DEFAULT_VARIANTS = ["a", "b", "c", "d", "e", "f"]
 COLUMNS = ("o", "dq", "dk", "dv", "ds")
@@ -132,6 +137,27 @@ def _fp8_pv_output(saved, cfg: SageConfig) -> torch.Tensor:
     return o.to(saved.v.dtype)
 
 
+def _quantized_sum_output(saved, cfg: SageConfig):
+    """(O, LSE) with the softmax denominator summed from the quantised P^ / 127 instead of the float
+    P~ (what a kernel gets from the tensor cores with a column of ones beside V^, for free); the
+    numerator as the contract's forward computes it (simulate.forward_quantized)."""
+    b, h, n, d = saved.v.shape
+    tn, bk = n // cfg.block_kv, cfg.block_kv
+    ct = compute_dtype(saved.v.dtype)
+    v_hat, s_v = quantize_row_blocks(saved.v.to(ct), cfg.block_kv, cfg.quantize)
+    s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, 1.0 / math.sqrt(d))
+    s_tiles = s.reshape(b, h, n, tn, bk)
+    t = s_tiles.amax(dim=-1)
+    t_safe = torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+    p_hat = torch.round(QMAX * torch.exp(s_tiles - t_safe.unsqueeze(-1)))
+    row_max = t.amax(dim=-1, keepdim=True)
+    w = torch.exp(t - row_max)
+    l = (w * p_hat.sum(dim=-1) / QMAX).sum(dim=-1)
+    pv = torch.einsum("bhntk,bhtkd->bhntd", p_hat, v_hat.reshape(b, h, tn, bk, d))
+    o = (pv * (w / QMAX).unsqueeze(-1) * s_v[:, :, None, :, None]).sum(dim=-2) / l.unsqueeze(-1)
+    return o.to(saved.v.dtype), row_max.squeeze(-1) + torch.log(l)
+
+
 def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, torch.Tensor]]:
     """O, dQ, dK, dV and dS (as dQ consumes it) of each variant for one input."""
     assert cfg.quant == "token", "the variants modify the token contract"
@@ -150,6 +176,11 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
             saved_d = saved._replace(o=_fp8_pv_output(saved, cfg))
             (dq_d, dk_d, dv_d), inter_d = backward(saved_d, do, cfg, return_intermediates=True)
             out[name] = {"o": saved_d.o, "dq": dq_d, "dk": dk_d, "dv": dv_d, "ds": inter_d.ds}
+        elif name == "g":   # O and the LSE the backward normalises P with both from the quantised sum
+            o_g, lse_g = _quantized_sum_output(saved, cfg)
+            saved_g = saved._replace(o=o_g, lse=lse_g)
+            (dq_g, dk_g, dv_g), inter_g = backward(saved_g, do, cfg, return_intermediates=True)
+            out[name] = {"o": o_g, "dq": dq_g, "dk": dk_g, "dv": dv_g, "ds": inter_g.ds}
         elif name in ("e", "f", "fK"):
             ct = compute_dtype(q.dtype)
             q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)

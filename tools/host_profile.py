@@ -11,7 +11,7 @@ call, as `benchmarks.attention`'s host_ms), then again under cProfile; the top f
 own time and the cumulative time of the op's stages.
 
 Without a GPU: the same op path with the sm90 kernels chosen and every launch recorded instead of
-run (sagebwd.triton.launch.Tuning(recorded=..., arch="sm90"), as tools.offline does), so it
+run (tools.offline.recorded_fwd_bwd: Tuning(recorded=..., arch="sm90")), so it
 profiles this project's own Python up to the launches (kernel choice, allocations, descriptors,
 launch arguments) but not Triton's launcher, the driver or autograd; the K mean (a GPU kernel
 there, a slow bf16 reduction on a CPU) is computed once and handed back, so it is not in the times.
@@ -70,20 +70,14 @@ def call_on_gpu(shape, quant: str):
 
 def call_recorded(shape, quant: str):
     """The op's own path on the CPU, its sm90 launches recorded instead of run (tools.offline's way)."""
-    from sagebwd.triton import ops, quantize
-    from sagebwd.triton.launch import Tuning
+    from sagebwd.triton import quantize
+    from tools.offline import recorded_fwd_bwd
     q, k, v, do = [torch.randn(*shape).to(torch.bfloat16) for _ in range(4)]
-    token = quant == "token"
     k_mean = quantize.sequence_mean(k)
 
     def call():
-        tuning = Tuning(recorded=[], arch="sm90")
         with mock.patch.object(quantize, "sequence_mean", lambda _: k_mean):
-            fwd = ops._forward_impl(q, k, v, True, True, False, 128, 64, token, True, "default", tuning)
-        o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, mean = fwd
-        ops._backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, mean, True, True, False, 128, 64,
-                           token, "default", tuning)
-        return [name for name, *_ in tuning.recorded]
+            return [name for name, *_ in recorded_fwd_bwd(q, k, v, do, quant=quant)]
     return call
 
 

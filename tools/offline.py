@@ -38,10 +38,19 @@ def record_launches(shape, dtype=torch.bfloat16, causal=True, smooth_q=False, bl
     """(name, kernel, args, kwargs) of every kernel launch of one forward and one backward on an
     sm90 GPU, with the registry's kernels for `kernels` and the contract `quant`
     (sagebwd.triton.registry); `overrides` as Tuning.overrides (launch settings, block shapes)."""
-    from sagebwd.triton import ops
-    from sagebwd.triton.launch import Tuning
     b, h, n, d = shape
     q, k, v, do = [torch.randn(b, h, n, d).to(dtype) for _ in range(4)]
+    return recorded_fwd_bwd(q, k, v, do, causal=causal, smooth_q=smooth_q, block_q=block_q, block_kv=block_kv,
+                            kernels=kernels, quant=quant, overrides=overrides)
+
+
+def recorded_fwd_bwd(q, k, v, do, *, causal=True, smooth_q=False, block_q=128, block_kv=64, kernels="default",
+                     quant="block", overrides: dict | None = None) -> list:
+    """One forward and backward of the op (K-smoothing on) through its own host path, its sm90
+    launches recorded instead of run: [(name, kernel, args, kwargs)] (record_launches, and
+    tools.host_profile's CPU mode)."""
+    from sagebwd.triton import ops
+    from sagebwd.triton.launch import Tuning
     tuning = Tuning(recorded=[], arch="sm90", overrides=dict(overrides or {}))
     token = quant == "token"
     o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = ops._forward_impl(q, k, v, causal, True, smooth_q, block_q,

@@ -6,9 +6,15 @@ op is host-heavy (about 2 ms per forward + backward on an H100's host, against c
 layers the step can wait for the host: docs/benchmarks.md, "CUDA graphs in the trainer"), so this
 is the measurement to take before cutting that cost, and after.
 
-On CUDA: `sagebwd.attention` called `--calls` times without waiting for the GPU (the host time per
-call, as `benchmarks.attention`'s host_ms), then again under cProfile; the top functions by their
-own time and the cumulative time of the op's stages.
+On CUDA: `sagebwd.attention` called `--calls` times as the model calls it (check_finite=False),
+each call issued onto an idle GPU and timed until it returns (host_ms: back to back, the launch
+queue would fill and the GPU's time would count as the host's), then again under cProfile: the top
+functions by their own time and the cumulative time of the op's stages. cProfile inflates
+Python-heavy paths, so the CUDA mode also times, without a profiler, the ways into the op
+(breakdown_calls: the public op; its eager path without the input checks; the same with its
+launches recorded instead of run, which leaves the project's Python, the allocations and autograd;
+the op under torch.compile, the trainer's path through the custom ops; SDPA-cuDNN for scale) and
+the host time of each kernel's Triton launch and of the TMA descriptors (launch_costs).
 
 Without a GPU: the same op path with the sm90 kernels chosen and every launch recorded instead of
 run (tools.offline.recorded_fwd_bwd: Tuning(recorded=..., arch="sm90")), so it
@@ -56,16 +62,111 @@ def _positive(text: str) -> int:
     return value
 
 
-def call_on_gpu(shape, quant: str):
-    """One causal fwd+bwd through the public op, the gradients dropped (the benchmark's call)."""
-    import sagebwd
+def _gpu_inputs(shape):
     q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
-    do = torch.randn_like(q)
+    return q, k, v, torch.randn_like(q)
 
+
+def _fwd_bwd(attention, q, k, v, do):
+    """call() running attention(q, k, v) forward and backward, the gradients dropped."""
     def call():
-        sagebwd.attention(q, k, v, causal=True, quant=quant).backward(do)
+        attention(q, k, v).backward(do)
         q.grad = k.grad = v.grad = None
     return call
+
+
+def call_on_gpu(shape, quant: str):
+    """One causal fwd+bwd through the public op as the model calls it (no finiteness check: that one
+    waits for the GPU), the gradients dropped (the benchmark's call)."""
+    import sagebwd
+    return _fwd_bwd(lambda q, k, v: sagebwd.attention(q, k, v, causal=True, quant=quant, check_finite=False),
+                    *_gpu_inputs(shape))
+
+
+def breakdown_calls(shape, quant: str) -> dict:
+    """The ways into the op that BREAKDOWN times, each a call() of one causal fwd+bwd on CUDA."""
+    import sagebwd
+    from sagebwd.triton import attention as eager_op
+    from sagebwd.triton.launch import Tuning
+    inputs = _gpu_inputs(shape)
+    recorded = Tuning(recorded=[])
+
+    def without_launches(q, k, v):
+        recorded.recorded.clear()
+        return eager_op(q, k, v, True, True, False, 128, 64, quant, tuning=recorded)
+
+    def sdpa(q, k, v):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    public = lambda q, k, v: sagebwd.attention(q, k, v, causal=True, quant=quant, check_finite=False)  # noqa: E731
+    return {"public op (sagebwd.attention, as the model calls it)": _fwd_bwd(public, *inputs),
+            "eager path, no input checks (sagebwd.triton.attention)":
+                _fwd_bwd(lambda q, k, v: eager_op(q, k, v, True, True, False, 128, 64, quant), *inputs),
+            "the same, launches recorded instead of run": _fwd_bwd(without_launches, *inputs),
+            "torch.compile of the public op (custom ops)": _fwd_bwd(torch.compile(public), *inputs),
+            "SDPA-cuDNN, eager": _fwd_bwd(sdpa, *inputs)}
+
+
+def host_ms(call, calls: int, repeats: int = 3) -> float:
+    """The least over `repeats` of the mean host ms of one call, each call issued onto an idle GPU
+    (synchronised before, not after): back to back, a GPU slower than the host fills the launch
+    queue and the host then waits inside the launches, which would count the GPU's time as the host's."""
+    best = float("inf")
+    for _ in range(repeats):
+        spent = 0.0
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            call()
+            spent += time.perf_counter() - start
+        best = min(best, spent / calls * 1e3)
+    torch.cuda.synchronize()
+    return best
+
+
+def launch_costs(shape, quant: str, calls: int) -> dict[str, float]:
+    """Host us per fwd+bwd spent in each kernel's Triton launch (JITFunction.run: argument binding and
+    specialisation, the cache lookup, TMA descriptor encoding, the driver call) and in building the
+    Gluon kernels' TMA descriptors (hopper.desc), timed without a profiler in the public op's calls."""
+    from unittest import mock
+
+    from triton.runtime.jit import JITFunction
+
+    from sagebwd.triton import hopper
+    spent: dict[str, float] = {}
+
+    def timed(name_of, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                name = name_of(args)
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+        return wrapper
+
+    call = call_on_gpu(shape, quant)
+    for _ in range(3):
+        call()
+    with mock.patch.object(JITFunction, "run", timed(lambda args: f"launch {args[0].fn.__name__}", JITFunction.run)), \
+            mock.patch.object(hopper, "desc", timed(lambda args: "TMA descriptors (hopper.desc)", hopper.desc)):
+        for _ in range(calls):
+            torch.cuda.synchronize()   # an idle GPU: no launch waits for room in the queue (host_ms)
+            call()
+        torch.cuda.synchronize()
+    return {name: s / calls * 1e6 for name, s in spent.items()}
+
+
+def breakdown(shape, quant: str, calls: int) -> dict[str, float]:
+    """Host ms per fwd+bwd of each of breakdown_calls (no profiler), after three warm-up calls each."""
+    out = {}
+    for name, call in breakdown_calls(shape, quant).items():
+        for _ in range(3):
+            call()
+        out[name] = host_ms(call, calls)
+    return out
 
 
 def call_recorded(shape, quant: str):
@@ -106,11 +207,12 @@ def profile(shape, quant: str, calls: int, top: int) -> dict:
     for _ in range(3):   # compiled kernels, allocator and descriptor caches warm
         launches = call()
     if gpu:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    host_ms = (time.perf_counter() - start) / calls * 1e3
+        host = host_ms(call, calls, repeats=1)
+    else:
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        host = (time.perf_counter() - start) / calls * 1e3
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):
@@ -121,14 +223,24 @@ def profile(shape, quant: str, calls: int, top: int) -> dict:
     stats = pstats.Stats(profiler)
     stages = stage_ms(stats, calls)
     return {"device": torch.cuda.get_device_name() if gpu else "cpu (launches recorded, not run; K mean stubbed)",
-            "shape": list(shape), "quant": quant, "calls": calls, "host_ms_per_call": host_ms,
-            "launches": launches, "stages_ms": stages, "top": top_functions(stats, calls, top)}
+            "shape": list(shape), "quant": quant, "calls": calls, "host_ms_per_call": host,
+            "launches": launches, "stages_ms": stages, "top": top_functions(stats, calls, top),
+            "breakdown_ms": breakdown(shape, quant, calls) if gpu else {},
+            "launch_us": launch_costs(shape, quant, calls) if gpu else {}}
 
 
 def print_report(report: dict) -> None:
     print(f"{report['device']}: {report['quant']} contract, causal fwd+bwd at {tuple(report['shape'])}, "
           f"{report['calls']} calls: {report['host_ms_per_call']:.3f} ms of host time per call"
           + (f"; launches {report['launches']}" if report["launches"] else ""))
+    if report["breakdown_ms"]:
+        print("\n| way into the op (no profiler) | host ms per fwd+bwd |\n|---|---|")
+        for name, ms in report["breakdown_ms"].items():
+            print(f"| {name} | {ms:.3f} |")
+    if report["launch_us"]:
+        print("\n| launch or descriptors (no profiler) | host us per fwd+bwd |\n|---|---|")
+        for name, us in report["launch_us"].items():
+            print(f"| {name} | {us:.1f} |")
     print("\n| stage | ms per call (cProfile, cumulative) |\n|---|---|")
     for stage, ms in report["stages_ms"].items():
         print(f"| {stage} | {ms:.3f} |")

@@ -44,8 +44,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     quant: the quantisation contract. "block" is the paper's (per-block Q, K, V; per-tile P and
     dS in the backward); "token" gives every scale the granularity of a token along the free
-    axis of its product (per-token Q and K; P, dS per token within each tile): more accurate,
-    and every maximum is a row reduction in the kernel. docs/sagebwd.md states both.
+    axis of its product (per-token Q and K; dS per token within each tile; dV = P^T dO in FP8
+    e4m3, P with a static scale): more accurate (but for dV), and every maximum is a row reduction
+    in the kernel. docs/sagebwd.md states both.
 
     backend: "triton" (CUDA kernels), "simulate" (exact PyTorch simulation, any device) or
     "auto" (triton on CUDA, simulate elsewhere). check_finite costs one device sync per call.

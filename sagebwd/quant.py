@@ -13,6 +13,12 @@ fewer than 1040 terms stay below 2**24, so float32 matmuls over them are exact.
 
 ``enabled=False`` returns the input unchanged with unit scales: the same dataflow
 in full precision, which lets the tests check the formulas against autograd.
+
+FP8 e4m3 (the "token" contract's dV = P^T dO, docs/sagebwd.md): the same rule with 448 (e4m3's
+largest value) in place of 127 and e4m3's round-to-nearest-even in place of the integer rounding,
+saturating at +-448 as the GPU's conversion does (``cvt.rn.satfinite``). P needs no maximum: P <= 1,
+so it takes the static scale 1 / ``P_E4M3_SCALE``, a power of two (exact in fp32; the value's own
+exponent does what a scale would, down to e4m3's subnormals at 2^-9, i.e. P >= 2^-17).
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ import torch
 
 QMAX = 127.0
 MIN_AMAX = 2.0 ** -120
+E4M3_MAX = 448.0
+P_E4M3_SCALE = 256.0
 
 
 def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):
@@ -34,6 +42,27 @@ def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):
     inv = torch.where(nonzero, qmax / torch.where(nonzero, amax, torch.ones_like(amax)), torch.zeros_like(amax))
     q = torch.round(x * inv).clamp_(-QMAX, QMAX)
     return q, scale
+
+
+def round_to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to FP8 e4m3 (nearest, ties to even; saturating at +-448), held in x's dtype."""
+    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(x.dtype)
+
+
+def quantize_row_blocks_e4m3(x: torch.Tensor, block: int, enabled: bool = True):
+    """Per-block FP8 e4m3 of ``x`` (..., N, D) over blocks of ``block`` rows: scale = amax / 448,
+    q = e4m3(x * (448 / amax)). Returns q (..., N, D) in x's dtype and scale (..., N // block)."""
+    *lead, n, d = x.shape
+    xb = x.reshape(*lead, n // block, block, d)
+    if not enabled:
+        return x, torch.ones(*lead, n // block, dtype=x.dtype, device=x.device)
+    amax = xb.abs().amax(dim=(-2, -1), keepdim=True)
+    nonzero = amax >= MIN_AMAX
+    qmax = torch.full_like(amax, E4M3_MAX)
+    scale = amax / qmax
+    inv = torch.where(nonzero, qmax / torch.where(nonzero, amax, torch.ones_like(amax)), torch.zeros_like(amax))
+    q = round_to_e4m3(x.reshape_as(xb) * inv)
+    return q.reshape(*lead, n, d), scale.reshape(*lead, n // block)
 
 
 def quantize_row_blocks(x: torch.Tensor, block: int, enabled: bool = True):

@@ -19,7 +19,8 @@ block_kv = Bkv rows of K/V; docs/sagebwd.md has the table):
 "token": every scale runs along the free (non-reduced) axis of the product that consumes it,
   so each one is a row maximum in the kernel that quantises it (no tile-wide reduction):
   forward  Q and K per token (after the same smoothing); V and P~ as in "block".
-  backward P per (kv token, q block) for dV = P^T dO; dO per (Bq x D) block as in "block";
+  backward dV = P^T dO in FP8 e4m3: P with the static scale 1/256 (no maximum: P <= 1), dO per
+           (Bq x D) block (amax / 448); the product summed in fp32 per q block (sagebwd.quant);
            dS for dQ = dS K: X = dS * s_K (K's token scale moved into dS, since it runs along
            the sum) per (q token, kv tile); dS for dK = dS^T Q: Y = dS * s_Q per (kv token,
            q block). dS is thus quantised twice, once for each product.
@@ -36,8 +37,8 @@ from typing import NamedTuple
 
 import torch
 
-from .quant import (QMAX, dequantize_groups, dequantize_row_blocks, dequantize_tiles, quantize_groups,
-                    quantize_row_blocks, quantize_tiles)
+from .quant import (P_E4M3_SCALE, QMAX, dequantize_groups, dequantize_tiles, quantize_groups, quantize_row_blocks,
+                    quantize_row_blocks_e4m3, quantize_tiles, round_to_e4m3)
 from .validate import QUANT_CONTRACTS
 
 
@@ -174,10 +175,11 @@ def backward(saved: Saved, do: torch.Tensor, cfg: SageConfig, return_intermediat
 
     dp = do_c @ saved.v.to(ct).transpose(-1, -2)               # kept in 16-bit inputs, fp32 accumulate
     ds = p * (dp - delta.unsqueeze(-1))
-    do_hat, s_do = quantize_row_blocks(do_c, bq, cfg.quantize)
     if cfg.quant == "token":
+        do_hat, s_do = quantize_row_blocks_e4m3(do_c, bq, cfg.quantize)
         dv, dq, dk, p_seen, ds_seen = _token_products(p, ds, do_hat, s_do, saved, cfg, sm_scale)
     else:
+        do_hat, s_do = quantize_row_blocks(do_c, bq, cfg.quantize)
         dv, dq, dk, p_seen, ds_seen = _block_products(p, ds, do_hat, s_do, saved, cfg, sm_scale)
     if saved.mu_q is not None:
         col_sums = ds.reshape(b, h, tm, bq, n).sum(dim=3)       # (B,H,Tm,N): dS_i^T 1 per q block
@@ -210,8 +212,9 @@ def _block_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
 
 def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
     """dV, dQ, dK with every scale along the free axis of its product:
-    P per (kv token, q block); X = dS s_K per (q token, kv tile) for dQ; Y = dS s_Q per
-    (kv token, q block) for dK. Returns the dequantised P and dS (dS as dQ sees it) as callables."""
+    dV in FP8 (P e4m3 with the static scale 1/256, dO^ e4m3 per block); X = dS s_K per (q token,
+    kv tile) for dQ; Y = dS s_Q per (kv token, q block) for dK. Returns the dequantised P and dS
+    (dS as dQ sees it) as callables."""
     b, h, n, d = saved.v.shape
     tm, tn, bq, bk = n // cfg.block_q, n // cfg.block_kv, cfg.block_q, cfg.block_kv
     s_k, s_q = saved.s_k.unsqueeze(-2), saved.s_q.unsqueeze(-1)  # per kv column, per q row
@@ -219,9 +222,9 @@ def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
     def by_q_block(t):   # (B,H,N,M) -> (B,H,Tm,Bq,M)
         return t.reshape(b, h, tm, bq, -1)
 
-    p_hat, s_p = quantize_groups(p, bq, -2, cfg.quantize)      # s_p (B,H,Tm,N)
+    p_hat = round_to_e4m3(p * P_E4M3_SCALE) if cfg.quantize else p * P_E4M3_SCALE   # 256 P, in e4m3
     pt_do = torch.einsum("bhiqn,bhiqd->bhind", by_q_block(p_hat), by_q_block(do_hat))
-    dv = (pt_do * s_p[..., None] * s_do[:, :, :, None, None]).sum(dim=2)
+    dv = (pt_do * (s_do * (1.0 / P_E4M3_SCALE))[:, :, :, None, None]).sum(dim=2)
     x_hat, s_x = quantize_groups(ds * s_k, bk, -1, cfg.quantize)   # s_x (B,H,N,Tn)
     xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tn, bk), saved.k_hat.reshape(b, h, tn, bk, d))
     dq = (xk * s_x[..., None] * sm_scale).sum(dim=-2)
@@ -232,7 +235,7 @@ def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
     def ds_seen():
         x = dequantize_groups(x_hat, s_x, bk, -1)
         return torch.where(s_k > 0, x / torch.where(s_k > 0, s_k, torch.ones_like(s_k)), torch.zeros_like(x))
-    return dv, dq, dk, lambda: dequantize_groups(p_hat, s_p, bq, -2), ds_seen
+    return dv, dq, dk, lambda: p_hat * (1.0 / P_E4M3_SCALE), ds_seen
 
 
 class SimulatedSageBwd(torch.autograd.Function):

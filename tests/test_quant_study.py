@@ -34,7 +34,7 @@ def test_each_variant_changes_only_its_own_quantisation_point():
     cfg = SageConfig(causal=True, block_q=32, block_kv=16, quant="token")
     out = run_variants(q, k, v, do, cfg, DEFAULT_VARIANTS + ["bP", "bdO", "fK"])
     a = out["a"]
-    for name in ("b", "c", "bP", "bdO"):   # the dV product only
+    for name in ("i8", "b", "c", "bP", "bdO"):   # the dV product only
         assert all(torch.equal(out[name][c], a[c]) for c in ("o", "dq", "dk", "ds"))
         assert not torch.equal(out[name]["dv"], a["dv"])
     for name in ("d", "e", "f", "fK"):     # O changes, and through it (d) or S (e, f) the backward

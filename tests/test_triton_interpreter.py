@@ -148,6 +148,7 @@ def _k_order_case() -> dict:
     """The transposed INT8 copies (quantiser: Q^T, K^T, V^T; backward preprocess: dO^T) hold the
     row copy's values with the sequence in k order (the kernels' B operands)."""
     import torch
+    from sagebwd.quant import quantize_row_blocks_e4m3
     from sagebwd.triton import quantize as kq
     from sagebwd.triton._common import from_k_order, k_order_index
 
@@ -158,10 +159,14 @@ def _k_order_case() -> dict:
     lse = torch.zeros(1, 2, 256)
     delta, _, do_cols, do_cols_scale, no_delta_sq = kq.backward_preprocess(do, o, lse, 128)
     s_q = torch.rand(1, 2, 256, generator=gen) + 0.5   # the token contract's Q scales
-    delta_t, _, do_cols_t, _, delta_sq = kq.backward_preprocess(do, o, lse, 128, s_q)
+    delta_t, _, do_cols_t, do_scale_t, delta_sq = kq.backward_preprocess(do, o, lse, 128, s_q)
+    do_e4m3, do_e4m3_scale = quantize_row_blocks_e4m3(do.float(), 128)
     return {"name": "k_order",
             "delta_sq": no_delta_sq is None and bool(torch.equal(delta_t, delta))
-            and bool(torch.equal(do_cols_t, do_cols)) and bool(torch.equal(delta_sq, delta * s_q)),
+            and bool(torch.equal(delta_sq, delta * s_q)),
+            "do_e4m3": do_cols_t.dtype == torch.float8_e4m3fn
+            and bool(torch.equal(from_k_order(do_cols_t.float()), do_e4m3.transpose(-1, -2)))
+            and bool(torch.equal(do_scale_t, do_e4m3_scale)),
             "index_head": k_order_index(16).tolist(),
             "cols_differ": bool(torch.equal(cols, rows.transpose(-1, -2))),
             "cols": bool(torch.equal(from_k_order(cols), rows.transpose(-1, -2))),
@@ -279,8 +284,15 @@ def test_transposed_copies_are_in_k_order(results):
 
 def test_token_preprocess_writes_delta_times_q_scale(results):
     """The token contract's delta s_Q (the Gluon dK/dV's column constant) is the fp32 product the dK/dV
-    kernels computed themselves, bit for bit; the block contract gets none and the same delta and dO^."""
+    kernels computed themselves, bit for bit; the block contract gets none and the same delta."""
     assert results["k_order"]["delta_sq"]
+
+
+def test_token_preprocess_writes_do_in_e4m3(results):
+    """The token contract's dO^ (dV's operand) is FP8 e4m3 with the simulation's values and block
+    scales bit for bit, in k order: the kernel's rounding (to_e4m3, which works around the
+    interpreter's carry-less fp8 conversion) is e4m3's round-to-nearest-even."""
+    assert results["k_order"]["do_e4m3"]
 
 
 if __name__ == "__main__":

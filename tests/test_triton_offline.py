@@ -127,13 +127,20 @@ def test_loop_mix_counts_one_exp_per_score_element(kernels):
             assert "UTMALDG" not in r["by_opcode"], (d, name, r["by_opcode"])
 
 
+# The token d=64 dK/dV's spills since its dV went FP8 (Triton 3.7.1, sm_90): measured faster with them.
+D64_TOKEN_DKDV_SPILL_BYTES = 48
+D64_TOKEN_DKDV_LOOP_LOCAL_OPS = 36
+
+
 @pytest.mark.parametrize("kernels", ["dkdv=gluon-ws", "dkdv=gluon"], ids=["ws", "non-ws"])
 def test_token_gluon_dkdv_builds_for_hopper(kernels):
-    """The token contract's Gluon dK/dV (opt-in on sm90: TOKEN in dkdv_hopper / dkdv_ws_hopper) builds
-    for sm_90 in every pass: INT8 dots on wgmma with waits that leave groups in flight, within an
-    H100/H200's registers and shared memory. The warp-specialised one (the one to time) spills
-    nothing; its loops evaluate one exp2 per score element, move no byte between lanes into the
-    INT8 dots, issue no TMA copy (its producer warp does) and, causal, touch no local memory."""
+    """The token contract's Gluon dK/dV (TOKEN in dkdv_hopper / dkdv_ws_hopper) builds for sm_90 in
+    every pass: INT8 dots (and dV's FP8 ones) on wgmma with waits that leave groups in flight, within
+    an H100/H200's registers and shared memory. The warp-specialised one (the default) spills nothing
+    at d=128; at d=64 (one launch for dV and dK) it spills at most the 48 B, 36 local-memory operations
+    per causal loop trip, with which its FP8 dV measured 14% faster than the INT8 one without spills
+    (H100, docs/kernel-notes.md). Its loops evaluate one exp2 per score element, move no byte between
+    lanes into the dots and issue no TMA copy (its producer warp does)."""
     built = [r for r in offline.report((64, 128), seq=1024, kernels=kernels, quant="token")
              if r["kernel"] in ("dkdv", "dv", "dk")]
     assert sorted((r["head_dim"], r["kernel"]) for r in built) == [(64, "dkdv"), (128, "dk"), (128, "dv")]
@@ -143,7 +150,8 @@ def test_token_gluon_dkdv_builds_for_hopper(kernels):
         assert r["wgmma_s8"] > 0 and r["mma_sync"] == 0 and r["wgmma_overlapped_waits"] > 0
         assert r["regs"] <= 255 and r["shared"] <= HOPPER_SHARED_BYTES
         if kernels == "dkdv=gluon-ws":
-            assert r["spill_bytes"] == 0, f"d={r['head_dim']} {r['kernel']}: {r['spill_bytes']} B spilled"
+            limit = D64_TOKEN_DKDV_SPILL_BYTES if r["head_dim"] == 64 else 0
+            assert r["spill_bytes"] <= limit, f"d={r['head_dim']} {r['kernel']}: {r['spill_bytes']} B spilled"
     if kernels != "dkdv=gluon-ws":
         return
     for r in offline.loop_mix_report((64, 128), kernels=kernels, quant="token"):
@@ -153,7 +161,7 @@ def test_token_gluon_dkdv_builds_for_hopper(kernels):
         assert r["function"] == "_dkdv_ws_kernel"
         assert r["by_opcode"]["MUFU.EX2"] == pytest.approx(1.0)
         assert r["by_opcode"].get("SHFL.IDX", 0.0) == 0.0 and "UTMALDG" not in r["by_opcode"]
-        assert r["causal_loop_local_ops"] == 0
+        assert r["causal_loop_local_ops"] <= (D64_TOKEN_DKDV_LOOP_LOCAL_OPS if r["head_dim"] == 64 else 0)
 
 
 @pytest.mark.parametrize("kernels", ["dq=gluon-ws", "dq=gluon"], ids=["ws", "non-ws"])

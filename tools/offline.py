@@ -30,6 +30,7 @@ import tempfile
 import torch
 
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8",
+          torch.float8_e4m3fn: "fp8e4nv",
           torch.int32: "i32", torch.int64: "i64"}
 
 

@@ -10,7 +10,11 @@ point changed; everything else is the simulation's own code path, so variant (a)
 the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 inputs
 (``sagebwd.trace.gaussian_inputs``: Q, K with std sigma, V and dO std 1; batch 1, 2 heads).
 
-  a  the token contract as today (baseline).
+  a  the token contract as today (baseline). Since 2026-11-27 its dV = P^T dO is FP8 e4m3, what b
+     studied, with P's static scale 256 (a power of two) instead of 448 and the product summed in
+     fp32 per q block (sagebwd.simulate); b, c, bP and bdO are kept as the study that led there.
+  i8 dV = P^T dO in INT8 as the contract had it until then: P with one scale per (kv token, q
+     block), its row maximum; dO per (block_q x D) block (amax / 127).
   b  dV = P^T dO in FP8 e4m3: P = exp(S - LSE) with the static scale 448 (P <= 1, no maximum),
      dO with an amax scale per (block_q x D) block, the token contract's dO granularity.
   c  as b, but dO with an amax scale per token (1 x D). The scale runs along dV's reduction
@@ -60,7 +64,8 @@ from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS
 
 VARIANTS = {
-    "a": "token contract (baseline)",
+    "a": "token contract (baseline; dV in FP8 since 2026-11-27)",
+    "i8": "dV: P INT8 per (kv token, q block), dO INT8 per block (the contract until 2026-11-27)",
     "b": "dV: P FP8 static 448, dO FP8 per block",
     "c": "dV: P FP8 static 448, dO FP8 per token",
     "bP": "diagnostic: b's FP8 P only (dO exact)",
@@ -71,7 +76,7 @@ VARIANTS = {
     "fK": "diagnostic: f's K (16 of 64), Q per token",
     "g": "fwd denominator l from the quantised P^ (a ones column beside V^)",
 }
-DEFAULT_VARIANTS = ["a", "b", "c", "d", "e", "f"]
+DEFAULT_VARIANTS = ["a", "i8", "b", "c", "d", "e", "f"]
 COLUMNS = ("o", "dq", "dk", "dv", "ds")
 LABELS = {"o": "O", "dq": "dQ", "dk": "dK", "dv": "dV", "ds": "dS"}
 FP8_MAX = 448.0   # largest finite float8_e4m3fn
@@ -122,6 +127,18 @@ def _fp8_dv(saved, do: torch.Tensor, cfg: SageConfig, do_per_token: bool = False
     return (p8.transpose(-1, -2) @ do8).to(saved.v.dtype)
 
 
+def _int8_dv(saved, do: torch.Tensor, cfg: SageConfig) -> torch.Tensor:
+    """dV as the token contract computed it until 2026-11-27: INT8 P per (kv token, q block) and INT8
+    dO per block, exact integer products scaled per q block."""
+    b, h, n, d = saved.v.shape
+    tm, bq = n // cfg.block_q, cfg.block_q
+    ct = compute_dtype(saved.v.dtype)
+    p_hat, s_p = quantize_groups(_backward_p(saved, cfg), bq, -2, cfg.quantize)   # s_p (B,H,Tm,N)
+    do_hat, s_do = quantize_row_blocks(do.to(ct), bq, cfg.quantize)
+    pt_do = torch.einsum("bhiqn,bhiqd->bhind", p_hat.reshape(b, h, tm, bq, n), do_hat.reshape(b, h, tm, bq, d))
+    return (pt_do * s_p[..., None] * s_do[:, :, :, None, None]).sum(dim=2).to(saved.v.dtype)
+
+
 def _fp8_pv_output(saved, cfg: SageConfig) -> torch.Tensor:
     """O with P~ V in FP8: P~ relative to the running max, static scale; V per channel."""
     b, h, n, d = saved.v.shape
@@ -168,6 +185,8 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
     for name in variants:
         if name == "a":
             out[name] = base
+        elif name == "i8":
+            out[name] = {**base, "dv": _int8_dv(saved, do, cfg)}
         elif name in ("b", "c"):
             out[name] = {**base, "dv": _fp8_dv(saved, do, cfg, do_per_token=name == "c")}
         elif name in ("bP", "bdO"):

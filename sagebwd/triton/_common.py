@@ -70,6 +70,30 @@ def round_to_int8(x):
     return (x + MAGIC_F).to(tl.int32, bitcast=True).to(tl.int8)
 
 
+# FP8 e4m3 (the token contract's dV = P^T dO; sagebwd.quant): P with the static scale 1/256 (P <= 1),
+# dO^ per block with amax / 448.
+P_E4M3_SCALE = tl.constexpr(256.0)
+E4M3_MAX = tl.constexpr(448.0)
+MIN_AMAX = tl.constexpr(2.0 ** -120)   # sagebwd.quant.MIN_AMAX: below it a block's scale inverse is 0
+
+
+@triton.jit
+def to_e4m3(x):
+    """FP8 e4m3 of fp32 x with |x| <= 448: round to nearest, ties to even, as the GPU's conversion
+    (cvt.rn.satfinite.e4m3x2.f32) and torch's float8_e4m3fn do.
+
+    Triton's interpreter converts fp32 -> fp8 by truncating the significand and adding the first
+    dropped bit, without the carry into the exponent (1.95 -> 1.0, not 2.0; Triton 3.7), so there
+    the value is first rounded to e4m3's precision in fp32, exactly (x + C - C with C = 1.5 * 2^23
+    times e4m3's step at x's exponent, 2^-9 below the normal range), and the conversion is then exact.
+    """
+    if INTERPRETING:
+        exponent = (x.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        c = (((tl.maximum(exponent, 121) + 20) << 23) | 0x400000).to(tl.float32, bitcast=True)
+        x = (x + c) - c
+    return x.to(tl.float8e4nv)
+
+
 @triton.jit
 def magic_to_int8(y):
     """int8 of y = round(x) + MAGIC_F (the rounded value still in the magic domain)."""

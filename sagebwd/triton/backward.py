@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from . import registry
-from ._common import (DS_SPAN, LOG2E, empty_in_layout_of, int_to_float, interpreting, round_scaled_to_int8,
-                      saturated_ds_to_int8, tile_scales, to_k_order)
+from ._common import (DS_SPAN, LOG2E, P_E4M3_SCALE, empty_in_layout_of, int_to_float, interpreting,
+                      round_scaled_to_int8, saturated_ds_to_int8, tile_scales, to_e4m3, to_k_order)
 from .forward import smooth_q_bias
 from .launch import Tuning, arch_for, launch, launch_settings, overrides
 
@@ -195,8 +195,9 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
     SPLIT_D = 2 keeps dK, dV as column halves (_a, _b), so that the int32 temporary of a dot is
     half as large beside two 128 x 128 fp32 accumulators.
 
-    TOKEN: k_scale and the q scales are per token; P^T and Y^T = dS^T s_Q get one scale per kv
-    row of each q block, measured here (a row max), so a slice is a whole q block (no CHAIN).
+    TOKEN: k_scale and the q scales are per token; dV = P^T dO in FP8 e4m3 (256 P, no maximum;
+    dO^ e4m3 per q block), accumulated in fp32 by the tensor cores; Y^T = dS^T s_Q gets one scale
+    per kv row of each q block, measured here (a row max), so a slice is a whole q block (no CHAIN).
     """
     tl.static_assert(not (TOKEN and (CHAIN or BLOCK_M != Q_BLOCK)), "TOKEN takes whole q blocks per slice")
     DH: tl.constexpr = HEAD_DIM // SPLIT_D
@@ -208,7 +209,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
     for start_i in range(lo, hi, STEP):
         i = start_i // Q_BLOCK            # the q quantisation block
         if TOKEN:
-            do_scale = tl.load(SDO_bh + i)
+            dv_scale = tl.load(SDO_bh + i) * (1.0 / P_E4M3_SCALE)   # exact: a power of two
             qk_scale = (k_scale * qk_const)[:, None]
         else:
             q_scale = tl.load(SQ_bh + i)
@@ -243,16 +244,19 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             # amax that would round past 127. dS saturates instead: dP's two orientations sum in
             # different orders, and where dP - delta cancels, that difference is all of dS.
             if PASS != DK_ONLY:
-                if TOKEN:   # P >= 0 orders like its bits as integers (two per max instruction)
-                    p_amax = tl.max(p_t.to(tl.int32, bitcast=True), axis=1).to(tl.float32, bitcast=True)
-                    p_scale, p_inv = tile_scales(p_amax, False)
-                    p_inv = p_inv[:, None]
-                    dv_scale = (p_scale * do_scale)[:, None]
-                p8_t = to_k_order(round_scaled_to_int8(p_t, p_inv))
-                if CHAIN:
+                if TOKEN:   # dV in FP8 e4m3: 256 P (P <= 1: no maximum) times dO^ (e4m3 per block)
+                    p8_t = to_k_order(to_e4m3(p_t * P_E4M3_SCALE))
+                    do8 = tl.trans(tl.load(DO8T_bh + offs_h[:, None] * N + offs_m[None, :]))
+                    dv_a += tl.dot(p8_t, do8, out_dtype=tl.float32) * dv_scale
+                    if SPLIT_D == 2:
+                        do8 = tl.trans(tl.load(DO8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
+                        dv_b += tl.dot(p8_t, do8, out_dtype=tl.float32) * dv_scale
+                elif CHAIN:
+                    p8_t = to_k_order(round_scaled_to_int8(p_t, p_inv))
                     do8 = tl.trans(tl.load(DO8T_bh + offs_d[:, None] * N + offs_m[None, :]))
                     dv_int = tl.dot(p8_t, do8, dv_int, out_dtype=tl.int32)
                 else:
+                    p8_t = to_k_order(round_scaled_to_int8(p_t, p_inv))
                     do8 = tl.trans(tl.load(DO8T_bh + offs_h[:, None] * N + offs_m[None, :]))
                     dv_a += int_to_float(tl.dot(p8_t, do8, out_dtype=tl.int32)) * dv_scale
                     if SPLIT_D == 2:

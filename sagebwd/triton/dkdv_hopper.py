@@ -50,6 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 G_MAGIC_F = gl.constexpr(12582912.0)   # 1.5 * 2**23: see _common.MAGIC_F
 G_DS_SPAN = gl.constexpr(254.0)   # see _common.saturated_ds_to_int8
+G_P_E4M3_SCALE = gl.constexpr(256.0)   # see _common.P_E4M3_SCALE
 
 # What one launch computes (PASS): at d=128 dV and dK are two launches, as in backward.py (one
 # warpgroup cannot hold both 64 x 128 pairs of fp32 and int32 accumulators).
@@ -439,6 +440,25 @@ def _int8_rows_dot(x_a, x_b, inv, smem, slot, op_layout: gl.constexpr, zero_acc,
 
 
 @gluon.jit
+def _e4m3_rows_dot(p_a, p_b, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_A: gl.constexpr,
+                   SLICE: gl.constexpr, BLOCKED: gl.constexpr):
+    """The token contract's dV = P^T dO of one q block in FP8 e4m3 (backward.py's TOKEN branch): 256 P^T
+    of both q slices (p_a read only if HAS_A; P <= 1, so no maximum and no per-row scale) times the
+    slices' e4m3 dO^T tiles in `smem`, chained in the fp32 accumulator; issued asynchronously."""
+    if HAS_A:
+        p8_a = as_a_operand((p_a * G_P_E4M3_SCALE).to(gl.float8e4nv), op_layout)
+        acc = warpgroup_mma(p8_a, _cols(smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc,
+                            use_acc=False, is_async=True)
+    p8_b = as_a_operand((p_b * G_P_E4M3_SCALE).to(gl.float8e4nv), op_layout)
+    if HAS_A:
+        acc = warpgroup_mma(p8_b, _cols(smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), acc, is_async=True)
+    else:
+        acc = warpgroup_mma(p8_b, _cols(smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc,
+                            use_acc=False, is_async=True)
+    return acc
+
+
+@gluon.jit
 def _row_scales(amax):
     """backward.py's tile_scales(amax, False) per kv row (the token contract's P^T and Y^T scales): the
     scale by a multiply with fl(1/127), 1/scale by the approximate division, 0 for an all-zero row."""
@@ -466,12 +486,6 @@ def _token_y(p, dpt, sq, delta_sq, s_layout: gl.constexpr):
 
 
 @gluon.jit
-def _p_bits_max(p):
-    """Row maximum of P >= 0 on its bits as integers (the order is the same; two per max instruction)."""
-    return gl.max(p.to(gl.int32, bitcast=True), axis=1)
-
-
-@gluon.jit
 def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sq_smem,
                    bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, sq_desc, n_blocks, q_row0, t_row0,
                    vb, vh, offs_kv, kq, SDO_bh, s_layout: gl.constexpr, dp_layout: gl.constexpr,
@@ -481,17 +495,17 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
     """_q_block in the token contract (backward.py's TOKEN branches, in its order): dV, dK after q block
     `blk` (ring slot r); kq = s_K qk_const per kv row; the same flags as _q_block.
 
-    Its scales are row maxima over the whole q block (128 columns, both slices): P^T's per (kv row,
-    q block) for dV = P^T dO, and Y^T = dS^T s_Q's per (kv row, q block) for dK = Y^T Q. In the wgmma
-    accumulator a kv row lives in one quad of one warp, so each maximum is a max over the thread's
-    columns and two shuffles, with no exchange between warps; but neither slice can be quantised
-    before the other's values are known, so both slices' P^T (and Y^T) are live together, and the
-    block's dots start after its last exp (the block contract's slice a dot overlaps slice b's
-    softmax). Order, to keep at most three 64 x 64 fp32 tiles beside the accumulators (d=64, BOTH):
-    S^T of both slices and dP^T of slice a issued; P^T of both; their row scale; dV of both issued;
-    Y^T of slice a; dP^T of slice b; dV converted; Y^T of slice b; its row scale; dK of both.
-    Slice a (HAS_A False: wholly above the causal diagonal) is then skipped: its P^T is 0, which
-    changes neither maximum nor sum. The ring entry (both slices) is released at the block's end."""
+    dV = P^T dO is FP8 e4m3: 256 P^T with no maximum (P <= 1) times dO^T's e4m3 tiles, chained over
+    both slices in fp32 and scaled by s_dO / 256, one number per q block. Y^T = dS^T s_Q's scale is a row
+    maximum over the whole q block (128 columns, both slices) for dK = Y^T Q. In the wgmma accumulator
+    a kv row lives in one quad of one warp, so it is a max over the thread's columns and two
+    shuffles, with no exchange between warps; but neither slice's Y^T can be quantised before the
+    other's values are known, so both are live together. Order, to keep at most three 64 x 64 fp32
+    tiles beside the accumulators (d=64, BOTH): S^T of both slices and dP^T of slice a issued; P^T of
+    both; dV of both issued; Y^T of slice a; dP^T of slice b; dV added; Y^T of slice b; its row
+    scale; dK of both. Slice a (HAS_A False: wholly above the causal diagonal) is then skipped: its
+    P^T is 0, which adds nothing to dV and changes neither Y^T's maximum nor its sum.
+    The ring entry (both slices) is released at the block's end."""
     slot = r % STAGES
     phase = (r // STAGES) & 1
     s_do = gl.load(SDO_bh + blk)   # dO^'s scale: per q block, as in the block contract
@@ -543,15 +557,10 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
                        _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED), offs_b, offs_kv, MASK_B, MASK_DIAG, diag)
 
     if DV_PASS:
-        # P^T per (kv row, q block): its row maximum over both slices, P^ of both, dV = P^T dO chained in int32
-        p_max = _p_bits_max(p_b)
-        if HAS_A:
-            p_max = gl.maximum(_p_bits_max(p_a), p_max)
-        p_scale, p_inv = _row_scales(p_max.to(gl.float32, bitcast=True))
-        dv_int = _int8_rows_dot(p_a if HAS_A else p_b, p_b, p_inv, dot_smem, slot, op_layout, zero_acc, HAS_A,
-                                SLICE, BLOCKED)
-        # per kv row, into the accumulator's layout (the same rows per thread: no data moves)
-        dv_scale = gl.convert_layout(p_scale * s_do, gl.SliceLayout(1, acc_layout))[:, None]
+        # dV = P^T dO in FP8 e4m3, both slices chained in fp32; the q block's scale is one number
+        dv_prod = _e4m3_rows_dot(p_a if HAS_A else p_b, p_b, dot_smem, slot, op_layout,
+                                 gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout), HAS_A, SLICE, BLOCKED)
+        dv_scale = s_do * (1.0 / G_P_E4M3_SCALE)   # exact: a power of two
     if PASS == BOTH:
         # Y^T of slice a (its dP^T was issued before the dV dots), then slice b's dP^T
         if HAS_A:
@@ -560,12 +569,12 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
                            _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED), s_layout)   # now Y^T
         dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_dp,
                               use_acc=False, is_async=True)
-        dv_int = warpgroup_mma_wait(1, deps=[dv_int])
-        dv += dv_int.to(gl.float32) * dv_scale
+        dv_prod = warpgroup_mma_wait(1, deps=[dv_prod])
+        dv += dv_prod * dv_scale
         dpt_b = warpgroup_mma_wait(0, deps=[dpt_b])
     elif PASS == DV_ONLY:
-        dv_int = warpgroup_mma_wait(0, deps=[dv_int])
-        dv += dv_int.to(gl.float32) * dv_scale
+        dv_prod = warpgroup_mma_wait(0, deps=[dv_prod])
+        dv += dv_prod * dv_scale
     else:
         dpt_b = warpgroup_mma_wait(0, deps=[dpt_b])
 
@@ -730,7 +739,8 @@ def _allocate(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delt
         qt_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
         delta_smem = gl.allocate_shared_memory(gl.float32, [1, 4], unused)
     if PASS != DK_ONLY:
-        dot_smem = gl.allocate_shared_memory(gl.int8, [RING] + dot_desc.block_type.shape, dot_desc.layout)
+        # dO^T: INT8, or FP8 e4m3 in the token contract (its descriptor's dtype)
+        dot_smem = gl.allocate_shared_memory(dot_desc.dtype, [RING] + dot_desc.block_type.shape, dot_desc.layout)
     else:
         dot_smem = gl.allocate_shared_memory(gl.int8, [1, 1, 16], unused3)
     return k_smem, v_smem, v_rows, q_smem, lse_smem, do_smem, qt_smem, dot_smem, delta_smem

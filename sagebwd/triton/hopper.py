@@ -21,8 +21,8 @@ from .launch import Tuning, launch
 def _shared_layout(block: tuple, dtype: torch.dtype):
     """The swizzled shared-memory layout of a `block` box (get_default_for costs ~10 us a call:
     half of a descriptor's host time, and a backward builds ~20 descriptors)."""
-    gl_dtype = {torch.int8: gl.int8, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
-                torch.float32: gl.float32}[dtype]
+    gl_dtype = {torch.int8: gl.int8, torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
+                torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
 
 

@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LOG2E, block_scales, interpreting, mul_rn, quantize_tile, round_to_int8, to_k_order
+from ._common import (E4M3_MAX, LOG2E, MIN_AMAX, block_scales, interpreting, mul_rn, quantize_tile, round_to_int8,
+                      to_e4m3, to_k_order)
 from .launch import Tuning, launch
 
 
@@ -99,7 +100,7 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, DO_COLS, 
                                 BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, TOKEN: tl.constexpr):
     """delta = rowsum(dO * O) (fp32), the LSE in base 2 (the backward's exp2 takes it as is,
     instead of one multiply per score-tile column) and the per-block INT8 dO, sequence-contiguous
-    in k order. TOKEN: also delta s_Q (s_Q per token), which the Gluon dK/dV subtracts per column of
+    in k order (TOKEN: FP8 e4m3, the token contract's dV operand). TOKEN: also delta s_Q (s_Q per token), which the Gluon dK/dV subtracts per column of
     every tile (Y^T = P^T (dP^T s_Q - delta s_Q)): one multiply per q row here instead of one per
     column of every tile there (-0.5 instructions per score element of its loop)."""
     blk = tl.program_id(0)
@@ -117,7 +118,13 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, DO_COLS, 
     if TOKEN:
         tl.store(DELTA_SQ + bh * N + offs_n, delta * tl.load(SQ + bh * N + offs_n))
     tl.store(LSE2 + bh * N + offs_n, tl.load(LSE + bh * N + offs_n) * LOG2E)
-    do8, scale = quantize_tile(do)
+    if TOKEN:   # FP8 e4m3 for dV = P^T dO: scale amax / 448 (sagebwd.quant.quantize_row_blocks_e4m3)
+        amax = tl.max(tl.max(tl.abs(do), axis=1), axis=0)
+        scale = tl.math.div_rn(amax, E4M3_MAX)
+        inv = tl.where(amax >= MIN_AMAX, tl.math.div_rn(E4M3_MAX, tl.maximum(amax, MIN_AMAX)), 0.0)
+        do8 = to_e4m3(tl.minimum(tl.maximum(mul_rn(do, inv), -E4M3_MAX), E4M3_MAX))
+    else:
+        do8, scale = quantize_tile(do)
     tl.store(DO_SCALE + bh * (N // BLOCK) + blk, scale)
     tl.store(DO_COLS + bh.to(tl.int64) * N * HEAD_DIM + offs_d[:, None] * N + offs_n[None, :],
              to_k_order(tl.trans(do8)))
@@ -209,16 +216,17 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
 
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,
                         s_q: torch.Tensor | None = None, tuning: Tuning | None = None):
-    """Returns (delta (B,H,N) fp32, LSE * log2(e) (B,H,N) fp32, dO int8 (B,H,D,N) in k order, dO scales
+    """Returns (delta (B,H,N) fp32, LSE * log2(e) (B,H,N) fp32, dO^ (B,H,D,N) in k order, dO scales
     (B,H,N/block_q), delta s_Q (B,H,N) fp32 or None). s_q: the token contract's Q scales per token
-    (B,H,N); without them (the block contract) there is no delta s_Q."""
+    (B,H,N), with which dO^ is FP8 e4m3 (dV's operand in that contract); without them (the block
+    contract) dO^ is INT8 and there is no delta s_Q."""
     b, h, n, d = do.shape
     delta = torch.empty(b, h, n, device=do.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
     delta_sq = torch.empty_like(delta) if s_q is not None else None
-    do_cols = torch.empty(b, h, d, n, device=do.device, dtype=torch.int8)
-    do_scale = torch.empty(b, h, n // block_q, device=do.device, dtype=torch.float32)
     token = s_q is not None
+    do_cols = torch.empty(b, h, d, n, device=do.device, dtype=torch.float8_e4m3fn if token else torch.int8)
+    do_scale = torch.empty(b, h, n // block_q, device=do.device, dtype=torch.float32)
     launch("backward_preprocess", _backward_preprocess_kernel, (n // block_q, b * h),
         do, o, lse, s_q if token else delta, delta, delta_sq if token else delta, lse2, do_cols, do_scale,
         *do.stride(), *o.stride(), h, n, BLOCK=block_q, HEAD_DIM=d, TOKEN=token, num_warps=_warps(block_q, d),

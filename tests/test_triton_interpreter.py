@@ -220,6 +220,34 @@ def _token_quantize_case() -> dict:
             "k_equal_across_tiles": bool(torch.equal(one[4], three[4])) and bool(torch.equal(one[6], three[6]))}
 
 
+def _e4m3_case() -> dict:
+    """_common.to_e4m3 against torch's float8_e4m3fn on the values that decide a rounding: ties (to
+    even), the carry into the next power of two that Triton's own interpreter conversion drops,
+    subnormals (steps of 2^-9) and their ties, the largest value, signs and zero; and on 4096 random
+    values over e4m3's range."""
+    global to_e4m3   # the jitted kernel below looks its callees up in this module's globals
+    import torch
+    import triton
+    import triton.language as tl
+    from sagebwd.triton._common import to_e4m3
+
+    @triton.jit
+    def round_kernel(X, Y, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(Y + offs, to_e4m3(tl.load(X + offs)).to(tl.float32))
+
+    special = [1.9375, 1.8125, 1.96875, 1.999, 0.99, 15.5, 15.75, 240.0, 232.0, 447.9, 448.0, 440.0,
+               2.0 ** -6, 2.0 ** -7 * 1.5, 2.0 ** -10, 2.0 ** -10 * 3, 2.0 ** -11, 2.0 ** -9 * 0.49, 0.0, 3.0, 1.0]
+    gen = torch.Generator().manual_seed(3)
+    rand = torch.exp2(torch.rand(4096 - 2 * len(special), generator=gen) * 18 - 10) * 1.75
+    x = torch.cat([torch.tensor(special), -torch.tensor(special), rand * torch.sign(torch.randn(rand.shape, generator=gen))])
+    x = x.float()
+    y = torch.empty_like(x)
+    round_kernel[(1,)](x, y, x.numel())
+    ref = x.to(torch.float8_e4m3fn).float()
+    return {"name": "e4m3", "mismatches": int((y != ref).sum()), "of": x.numel()}
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run through the tests (they set TRITON_INTERPRET=1)"
     for case in CASES:
@@ -227,6 +255,7 @@ def main() -> None:
     print(json.dumps(_k_order_case()), flush=True)
     print(json.dumps(_fused_quantize_case()), flush=True)
     print(json.dumps(_token_quantize_case()), flush=True)
+    print(json.dumps(_e4m3_case()), flush=True)
     print(json.dumps(_compile_case()), flush=True)
     print(json.dumps(_opcheck_case()), flush=True)
 
@@ -286,6 +315,13 @@ def test_token_preprocess_writes_delta_times_q_scale(results):
     """The token contract's delta s_Q (the Gluon dK/dV's column constant) is the fp32 product the dK/dV
     kernels computed themselves, bit for bit; the block contract gets none and the same delta."""
     assert results["k_order"]["delta_sq"]
+
+
+def test_e4m3_rounding_is_round_to_nearest_even(results):
+    """The token contract's FP8 rounding in the kernels (_common.to_e4m3) is torch's float8_e4m3fn,
+    in the interpreter too, where Triton's own conversion drops the carry past a power of two."""
+    r = results["e4m3"]
+    assert r["mismatches"] == 0, f"{r['mismatches']} of {r['of']} values rounded unlike float8_e4m3fn"
 
 
 def test_token_preprocess_writes_do_in_e4m3(results):

@@ -421,22 +421,27 @@ def _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem,
 
 
 @gluon.jit
+def _slice_dot(op, smem, slot, h: gl.constexpr, acc, USE_ACC: gl.constexpr, SLICE: gl.constexpr,
+               BLOCKED: gl.constexpr):
+    """op (an A operand in registers) times slice h's tile of a sequence-contiguous copy in `smem`,
+    into `acc` (a fresh accumulator unless USE_ACC); issued asynchronously."""
+    return warpgroup_mma(op, _cols(smem, slot, h, SLICE, BLOCKED).permute((1, 0)), acc, use_acc=USE_ACC,
+                         is_async=True)
+
+
+@gluon.jit
 def _int8_rows_dot(x_a, x_b, inv, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_A: gl.constexpr,
                    SLICE: gl.constexpr, BLOCKED: gl.constexpr):
-    """The token contract's INT8 product of one q block: the rows of x^T (kv rows; both q slices,
-    x_a read only if HAS_A) quantised with their row scale's inverse, times the slices' INT8 tiles
-    in `smem`, chained in int32; issued asynchronously (dV = P^T dO, dK = Y^T Q)."""
+    """The token contract's INT8 product of one q block (dK = Y^T Q): the rows of x^T (kv rows; both q
+    slices, x_a read only if HAS_A) quantised with their row scale's inverse, times the slices' INT8
+    tiles in `smem`, chained in int32; issued asynchronously."""
     if HAS_A:
-        x8_a = as_a_operand(_int8_bits(x_a, inv[:, None]).to(gl.int8), op_layout)
-        acc = warpgroup_mma(x8_a, _cols(smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc,
-                            use_acc=False, is_async=True)
-    x8_b = as_a_operand(_int8_bits(x_b, inv[:, None]).to(gl.int8), op_layout)
-    if HAS_A:
-        acc = warpgroup_mma(x8_b, _cols(smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), acc, is_async=True)
-    else:
-        acc = warpgroup_mma(x8_b, _cols(smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc,
-                            use_acc=False, is_async=True)
-    return acc
+        acc = _slice_dot(as_a_operand(_int8_bits(x_a, inv[:, None]).to(gl.int8), op_layout), smem, slot, 0,
+                         zero_acc, False, SLICE, BLOCKED)
+        return _slice_dot(as_a_operand(_int8_bits(x_b, inv[:, None]).to(gl.int8), op_layout), smem, slot, 1,
+                          acc, True, SLICE, BLOCKED)
+    return _slice_dot(as_a_operand(_int8_bits(x_b, inv[:, None]).to(gl.int8), op_layout), smem, slot, 1,
+                      zero_acc, False, SLICE, BLOCKED)
 
 
 @gluon.jit
@@ -446,16 +451,12 @@ def _e4m3_rows_dot(p_a, p_b, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_
     of both q slices (p_a read only if HAS_A; P <= 1, so no maximum and no per-row scale) times the
     slices' e4m3 dO^T tiles in `smem`, chained in the fp32 accumulator; issued asynchronously."""
     if HAS_A:
-        p8_a = as_a_operand((p_a * G_P_E4M3_SCALE).to(gl.float8e4nv), op_layout)
-        acc = warpgroup_mma(p8_a, _cols(smem, slot, 0, SLICE, BLOCKED).permute((1, 0)), zero_acc,
-                            use_acc=False, is_async=True)
-    p8_b = as_a_operand((p_b * G_P_E4M3_SCALE).to(gl.float8e4nv), op_layout)
-    if HAS_A:
-        acc = warpgroup_mma(p8_b, _cols(smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), acc, is_async=True)
-    else:
-        acc = warpgroup_mma(p8_b, _cols(smem, slot, 1, SLICE, BLOCKED).permute((1, 0)), zero_acc,
-                            use_acc=False, is_async=True)
-    return acc
+        acc = _slice_dot(as_a_operand((p_a * G_P_E4M3_SCALE).to(gl.float8e4nv), op_layout), smem, slot, 0,
+                         zero_acc, False, SLICE, BLOCKED)
+        return _slice_dot(as_a_operand((p_b * G_P_E4M3_SCALE).to(gl.float8e4nv), op_layout), smem, slot, 1,
+                          acc, True, SLICE, BLOCKED)
+    return _slice_dot(as_a_operand((p_b * G_P_E4M3_SCALE).to(gl.float8e4nv), op_layout), smem, slot, 1,
+                      zero_acc, False, SLICE, BLOCKED)
 
 
 @gluon.jit

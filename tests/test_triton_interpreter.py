@@ -240,7 +240,8 @@ def _e4m3_case() -> dict:
                2.0 ** -6, 2.0 ** -7 * 1.5, 2.0 ** -10, 2.0 ** -10 * 3, 2.0 ** -11, 2.0 ** -9 * 0.49, 0.0, 3.0, 1.0]
     gen = torch.Generator().manual_seed(3)
     rand = torch.exp2(torch.rand(4096 - 2 * len(special), generator=gen) * 18 - 10) * 1.75
-    x = torch.cat([torch.tensor(special), -torch.tensor(special), rand * torch.sign(torch.randn(rand.shape, generator=gen))])
+    signs = torch.sign(torch.randn(rand.shape, generator=gen))
+    x = torch.cat([torch.tensor(special), -torch.tensor(special), rand * signs])
     x = x.float()
     y = torch.empty_like(x)
     round_kernel[(1,)](x, y, x.numel())

@@ -100,9 +100,10 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, DO_COLS, 
                                 BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, TOKEN: tl.constexpr):
     """delta = rowsum(dO * O) (fp32), the LSE in base 2 (the backward's exp2 takes it as is,
     instead of one multiply per score-tile column) and the per-block INT8 dO, sequence-contiguous
-    in k order (TOKEN: FP8 e4m3, the token contract's dV operand). TOKEN: also delta s_Q (s_Q per token), which the Gluon dK/dV subtracts per column of
-    every tile (Y^T = P^T (dP^T s_Q - delta s_Q)): one multiply per q row here instead of one per
-    column of every tile there (-0.5 instructions per score element of its loop)."""
+    in k order. TOKEN: dO^ in FP8 e4m3 instead (the token contract's dV operand), and delta s_Q
+    (s_Q per token), which the Gluon dK/dV subtracts per column of every tile (Y^T = P^T (dP^T s_Q -
+    delta s_Q)): one multiply per q row here instead of one per column of every tile there (-0.5
+    instructions per score element of its loop)."""
     blk = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)

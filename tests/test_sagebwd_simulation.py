@@ -123,6 +123,22 @@ def test_row_block_quantiser_properties():
     assert torch.all(err <= s.repeat_interleave(16, -1).unsqueeze(-1) / 2 * (1 + 1e-5))
 
 
+def test_e4m3_block_quantiser_properties():
+    """The token contract's dO^ for dV: e4m3 values (round to nearest even, saturating at 448), one
+    scale amax / 448 per block; each nonzero block's largest entry lands on 448; all-zero blocks give 0."""
+    from sagebwd.quant import E4M3_MAX, quantize_row_blocks_e4m3, round_to_e4m3
+    x = rand(2, 3, 64, 64, dtype=torch.float32, scale=5.0)
+    x[0, 0, :16] = 0.0
+    q, s = quantize_row_blocks_e4m3(x, 16)
+    assert s.shape == (2, 3, 4) and torch.equal(q, round_to_e4m3(q)) and q.abs().max() <= E4M3_MAX
+    blocks = q.reshape(2, 3, 4, 16 * 64).abs().amax(-1)
+    assert torch.all((blocks == E4M3_MAX) | (s == 0)) and s[0, 0, 0] == 0 and torch.all(q[0, 0, :16] == 0)
+    rel = ((q * s.repeat_interleave(16, -1).unsqueeze(-1) - x).abs() / x.abs().clamp_min(1e-30))[x.abs() > s.max()]
+    assert rel.max() <= 2.0 ** -4 * (1 + 1e-5)   # 3 mantissa bits: half a step of 1/8 at worst
+    ties = torch.tensor([1.0625, 1.1875, 2.0 ** -10, 3 * 2.0 ** -10, 500.0, -1.9375])
+    assert round_to_e4m3(ties).tolist() == [1.0, 1.25, 0.0, 2.0 ** -8, 448.0, -2.0]
+
+
 def test_quantiser_divisions_are_ieee_rounded():
     # The contract says scale = amax/127 and inv = 127/amax as correctly rounded fp32 divisions
     # (what a kernel's div_rn gives); float64 division rounded to fp32 is the correctly rounded one.

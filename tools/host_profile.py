@@ -7,14 +7,14 @@ layers the step can wait for the host: docs/benchmarks.md, "CUDA graphs in the t
 is the measurement to take before cutting that cost, and after.
 
 On CUDA: `sagebwd.attention` called `--calls` times as the model calls it (check_finite=False),
-each call issued onto an idle GPU and timed until it returns (host_ms: back to back, the launch
-queue would fill and the GPU's time would count as the host's), then again under cProfile: the top
-functions by their own time and the cumulative time of the op's stages. cProfile inflates
-Python-heavy paths, so the CUDA mode also times, without a profiler, the ways into the op
-(breakdown_calls: the public op; its eager path without the input checks; the same with its
-launches recorded instead of run, which leaves the project's Python, the allocations and autograd;
-the op under torch.compile, the trainer's path through the custom ops; SDPA-cuDNN for scale) and
-the host time of each kernel's Triton launch and of the TMA descriptors (launch_costs).
+each call issued onto an idle GPU and timed until it returns (benchmarks.attention.host_ms: back
+to back, the launch queue would fill and the GPU's time would count as the host's), then again
+under cProfile: the top functions by their own time and the cumulative time of the op's stages.
+cProfile inflates Python-heavy paths, so the CUDA mode also times, without a profiler, the ways
+into the op (breakdown_calls: the public op; its eager path without the input checks; the same
+with its launches recorded instead of run, which leaves the project's Python, the allocations and
+autograd; the op under torch.compile, the trainer's path through the custom ops; SDPA-cuDNN for
+scale) and the host time of each kernel's Triton launch and of the TMA descriptors (launch_costs).
 
 Without a GPU: the same op path with the sm90 kernels chosen and every launch recorded instead of
 run (tools.offline.recorded_fwd_bwd: Tuning(recorded=..., arch="sm90")), so it
@@ -109,23 +109,6 @@ def breakdown_calls(shape, quant: str) -> dict:
             "SDPA-cuDNN, eager": _fwd_bwd(sdpa, *inputs)}
 
 
-def host_ms(call, calls: int, repeats: int = 3) -> float:
-    """The least over `repeats` of the mean host ms of one call, each call issued onto an idle GPU
-    (synchronised before, not after): back to back, a GPU slower than the host fills the launch
-    queue and the host then waits inside the launches, which would count the GPU's time as the host's."""
-    best = float("inf")
-    for _ in range(repeats):
-        spent = 0.0
-        for _ in range(calls):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            call()
-            spent += time.perf_counter() - start
-        best = min(best, spent / calls * 1e3)
-    torch.cuda.synchronize()
-    return best
-
-
 def launch_costs(shape, quant: str, calls: int) -> dict[str, float]:
     """Host us per fwd+bwd spent in each kernel's Triton launch (JITFunction.run: argument binding and
     specialisation, the cache lookup, TMA descriptor encoding, the driver call) and in building the
@@ -153,20 +136,17 @@ def launch_costs(shape, quant: str, calls: int) -> dict[str, float]:
     with mock.patch.object(JITFunction, "run", timed(lambda args: f"launch {args[0].fn.__name__}", JITFunction.run)), \
             mock.patch.object(hopper, "desc", timed(lambda args: "TMA descriptors (hopper.desc)", hopper.desc)):
         for _ in range(calls):
-            torch.cuda.synchronize()   # an idle GPU: no launch waits for room in the queue (host_ms)
+            torch.cuda.synchronize()   # an idle GPU: no launch waits for room in the queue (as host_ms)
             call()
         torch.cuda.synchronize()
     return {name: s / calls * 1e6 for name, s in spent.items()}
 
 
 def breakdown(shape, quant: str, calls: int) -> dict[str, float]:
-    """Host ms per fwd+bwd of each of breakdown_calls (no profiler), after three warm-up calls each."""
-    out = {}
-    for name, call in breakdown_calls(shape, quant).items():
-        for _ in range(3):
-            call()
-        out[name] = host_ms(call, calls)
-    return out
+    """Host ms per fwd+bwd of each of breakdown_calls (no profiler; benchmarks.attention.host_ms: each
+    call on an idle GPU, the least of three means)."""
+    from benchmarks.attention import host_ms
+    return {name: host_ms(call, n=calls, repeats=3) for name, call in breakdown_calls(shape, quant).items()}
 
 
 def call_recorded(shape, quant: str):
@@ -207,7 +187,8 @@ def profile(shape, quant: str, calls: int, top: int) -> dict:
     for _ in range(3):   # compiled kernels, allocator and descriptor caches warm
         launches = call()
     if gpu:
-        host = host_ms(call, calls, repeats=1)
+        from benchmarks.attention import host_ms
+        host = host_ms(call, n=calls)
     else:
         start = time.perf_counter()
         for _ in range(calls):

@@ -25,8 +25,9 @@ Extra memory: 4 fp32 per (q block, kv tile), N^2 / (block_q * block_kv) * 16 byt
 
 TOKEN (the "token" contract) needs no tile scales, so the two kernels do not depend on each
 other: the dQ kernel quantises X = dS * s_K with one scale per q row of each tile (a row max),
-the dK/dV kernel P^T and Y^T = dS^T * s_Q with one scale per kv row of each q block (one slice
-per q block, so a row max there too). S's scale is a row vector times a column vector.
+the dK/dV kernel Y^T = dS^T * s_Q with one scale per kv row of each q block (one slice per q
+block, so a row max there too) and P^T in FP8 e4m3 with a static scale (P <= 1: no maximum).
+S's scale is a row vector times a column vector.
 """
 from __future__ import annotations
 

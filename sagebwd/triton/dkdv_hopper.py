@@ -34,8 +34,9 @@ By default these passes run as dkdv_ws_hopper's warp-specialised kernel, which c
 where it does not apply (a sequence that is not a multiple of 128). The host side: hopper.py.
 
 TOKEN (the token contract, opt-in in the registry): the same kernels with _q_block_token as the
-per-block step, backward.py's TOKEN arithmetic: P^T and Y^T = dS^T s_Q quantised with one scale per
-kv row of each q block, row maxima over both slices (a quad's shuffles, no exchange between warps);
+per-block step, backward.py's TOKEN arithmetic: dV = P^T dO in FP8 e4m3 (P with a static scale), and
+Y^T = dS^T s_Q quantised with one scale per kv row of each q block, row maxima over both slices (a
+quad's shuffles, no exchange between warps);
 s_Q per q row comes by TMA with the block, like LSE (docs/kernel-notes.md, "The token contract's
 Gluon dK/dV").
 
@@ -430,38 +431,32 @@ def _slice_dot(op, smem, slot, h: gl.constexpr, acc, USE_ACC: gl.constexpr, SLIC
 
 
 @gluon.jit
-def _int8_rows_dot(x_a, x_b, inv, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_A: gl.constexpr,
-                   SLICE: gl.constexpr, BLOCKED: gl.constexpr):
-    """The token contract's INT8 product of one q block (dK = Y^T Q): the rows of x^T (kv rows; both q
-    slices, x_a read only if HAS_A) quantised with their row scale's inverse, times the slices' INT8
-    tiles in `smem`, chained in int32; issued asynchronously."""
-    if HAS_A:
-        acc = _slice_dot(as_a_operand(_int8_bits(x_a, inv[:, None]).to(gl.int8), op_layout), smem, slot, 0,
-                         zero_acc, False, SLICE, BLOCKED)
-        return _slice_dot(as_a_operand(_int8_bits(x_b, inv[:, None]).to(gl.int8), op_layout), smem, slot, 1,
-                          acc, True, SLICE, BLOCKED)
-    return _slice_dot(as_a_operand(_int8_bits(x_b, inv[:, None]).to(gl.int8), op_layout), smem, slot, 1,
-                      zero_acc, False, SLICE, BLOCKED)
+def _rows_operand(x, inv, op_layout: gl.constexpr, FP8: gl.constexpr):
+    """x^T (kv rows of one q slice) as the A operand of a token-contract product: 256 x in FP8 e4m3
+    (dV's P^T: P <= 1 needs no maximum, inv unused), or INT8 with the rows' scale inverses (dK's Y^T)."""
+    if FP8:
+        op = (x * G_P_E4M3_SCALE).to(gl.float8e4nv)
+    else:
+        op = _int8_bits(x, inv[:, None]).to(gl.int8)
+    return as_a_operand(op, op_layout)
 
 
 @gluon.jit
-def _e4m3_rows_dot(p_a, p_b, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_A: gl.constexpr,
-                   SLICE: gl.constexpr, BLOCKED: gl.constexpr):
-    """The token contract's dV = P^T dO of one q block in FP8 e4m3 (backward.py's TOKEN branch): 256 P^T
-    of both q slices (p_a read only if HAS_A; P <= 1, so no maximum and no per-row scale) times the
-    slices' e4m3 dO^T tiles in `smem`, chained in the fp32 accumulator; issued asynchronously."""
+def _rows_dot(x_a, x_b, inv, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_A: gl.constexpr,
+              SLICE: gl.constexpr, BLOCKED: gl.constexpr, FP8: gl.constexpr):
+    """The token contract's product of one q block (backward.py's TOKEN branch): the rows of x^T (kv
+    rows; both q slices, x_a read only if HAS_A) as _rows_operand makes them, times the slices' tiles
+    in `smem` (e4m3 dO^T, or INT8 Q^T), chained in zero_acc's type (fp32, or int32); issued
+    asynchronously. dV = P^T dO with FP8, dK = Y^T Q without."""
     if HAS_A:
-        acc = _slice_dot(as_a_operand((p_a * G_P_E4M3_SCALE).to(gl.float8e4nv), op_layout), smem, slot, 0,
-                         zero_acc, False, SLICE, BLOCKED)
-        return _slice_dot(as_a_operand((p_b * G_P_E4M3_SCALE).to(gl.float8e4nv), op_layout), smem, slot, 1,
-                          acc, True, SLICE, BLOCKED)
-    return _slice_dot(as_a_operand((p_b * G_P_E4M3_SCALE).to(gl.float8e4nv), op_layout), smem, slot, 1,
-                      zero_acc, False, SLICE, BLOCKED)
+        acc = _slice_dot(_rows_operand(x_a, inv, op_layout, FP8), smem, slot, 0, zero_acc, False, SLICE, BLOCKED)
+        return _slice_dot(_rows_operand(x_b, inv, op_layout, FP8), smem, slot, 1, acc, True, SLICE, BLOCKED)
+    return _slice_dot(_rows_operand(x_b, inv, op_layout, FP8), smem, slot, 1, zero_acc, False, SLICE, BLOCKED)
 
 
 @gluon.jit
 def _row_scales(amax):
-    """backward.py's tile_scales(amax, False) per kv row (the token contract's P^T and Y^T scales): the
+    """backward.py's tile_scales(amax, False) per kv row (the token contract's Y^T scales): the
     scale by a multiply with fl(1/127), 1/scale by the approximate division, 0 for an all-zero row."""
     scale = amax * (1.0 / 127.0)
     inv = gl.where(amax > 0, 127.0 / gl.maximum(amax, 1e-30), 0.0)
@@ -559,8 +554,8 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
 
     if DV_PASS:
         # dV = P^T dO in FP8 e4m3, both slices chained in fp32; the q block's scale is one number
-        dv_prod = _e4m3_rows_dot(p_a if HAS_A else p_b, p_b, dot_smem, slot, op_layout,
-                                 gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout), HAS_A, SLICE, BLOCKED)
+        dv_prod = _rows_dot(p_a if HAS_A else p_b, p_b, None, dot_smem, slot, op_layout,
+                            gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout), HAS_A, SLICE, BLOCKED, True)
         dv_scale = s_do * (1.0 / G_P_E4M3_SCALE)   # exact: a power of two
     if PASS == BOTH:
         # Y^T of slice a (its dP^T was issued before the dV dots), then slice b's dP^T
@@ -589,8 +584,8 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         if HAS_A:
             y_max = gl.maximum(gl.max(gl.abs(p_a), axis=1), y_max)
         y_scale, y_inv = _row_scales(y_max)
-        dk_int = _int8_rows_dot(p_a if HAS_A else y_b, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, HAS_A,
-                                SLICE, BLOCKED)
+        dk_int = _rows_dot(p_a if HAS_A else y_b, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, HAS_A,
+                           SLICE, BLOCKED, False)
         dk_int = warpgroup_mma_wait(0, deps=[dk_int])
         dk += dk_int.to(gl.float32) * gl.convert_layout(y_scale, gl.SliceLayout(1, acc_layout))[:, None]
 

@@ -5,6 +5,8 @@ Register and spill counts are printed (they move with the Triton version; the GP
 where their cost is measured)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("triton")
@@ -66,7 +68,8 @@ def test_gluon_kernels_compile_with_the_tensor_cores_left_running():
                                           (["--quant", "fp8"], "invalid choice: 'fp8'"),
                                           (["--tuning", "[1]"], "--tuning '[1]': not a JSON object"),
                                           (["--loop-mix", "--measured", "/nonexistent/bench.json"],
-                                           "/nonexistent/bench.json")])
+                                           "/nonexistent/bench.json"),
+                                          (["--ptx-digest", "--loop-mix"], "two reports: ask for one")])
 def test_offline_cli_rejects_what_the_kernels_do_not_take(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         offline.main(argv)
@@ -328,3 +331,19 @@ def test_pair_order_from_k_order():
     x = torch.arange(2 * 3 * 4 * 64).reshape(2, 3, 4, 64)
     k_ordered = x[..., k_order_index(64)]
     assert torch.equal(pair_order_from_k_order(k_ordered), x[..., pair_order_index(64)])
+
+
+def test_ptx_digest_ignores_line_information_and_sees_code(tmp_path, capsys):
+    """--ptx-digest: one hash per launch, the same for the same build, blind to line and debug
+    information (what moving code changes), not to an instruction."""
+    ptx = ".version 8.4\n\t.loc 1 72 0 // quantize.py:72:0\n\tadd.f32 %f1, %f2, %f3;\n$L__tmp4:\n"
+    moved = ptx.replace("72", "73").replace("L__tmp4", "L__tmp9")
+    assert offline.ptx_digest(ptx) == offline.ptx_digest(moved)
+    assert offline.ptx_digest(ptx) != offline.ptx_digest(ptx.replace("add.f32", "sub.f32"))
+    out = tmp_path / "digests.json"
+    assert offline.main(["--ptx-digest", "--head-dim", "64", "--quant", "token", "--json", str(out)]) == 0
+    digests = json.loads(out.read_text())
+    # 4 configurations (causal or not, Q-smoothing or not) of the five sm90 launches at d=64
+    assert len(digests) == 20 and "d=64 causal=True smooth_q=False #4 dkdv" in digests
+    assert digests == offline.ptx_digests((64,), quant="token")
+    assert "#0 quantize" in capsys.readouterr().out

@@ -3,6 +3,7 @@ whether the INT8 dots are Hopper wgmma (no mma.sync fallback).
 
     python -m tools.offline [--head-dim 64 128] [--arch 90] [--kernels CHOICE] [--json PATH]
     python -m tools.offline --loop-mix [--measured docs/measurements/bench-h200.json]
+    python -m tools.offline --ptx-digest [--quant token] --json digests.json   (in each of two trees)
 
 The host code runs on CPU tensors with launches recorded instead of run (a
 ``sagebwd.triton.launch.Tuning`` with ``recorded`` and ``arch="sm90"``: the registry's sm90
@@ -15,11 +16,15 @@ cuobjdump; they are what the GPU run's kernel report prints, up to Triton versio
 No timing: speed comes only from ``python -m benchmarks.attention`` on a GPU. ``--loop-mix``
 counts the SASS instructions each kernel's main loop issues per score element and the time floors
 that sets (``sass_mix``); with ``--measured`` (a ``benchmarks.attention --kernel-times`` JSON) it
-divides the measured kernel times into them.
+divides the measured kernel times into them. ``--ptx-digest`` prints a hash of each launch's PTX,
+line and debug information left out, over causal or not and with or without Q-smoothing: run it in two
+trees (a ``git archive`` of the other commit) and compare the JSONs to show that a change leaves the
+kernels it should not touch identical.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -152,6 +157,29 @@ def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64
     return rows
 
 
+def ptx_digest(ptx: str) -> str:
+    """A hash of the code in `ptx`: line information, debug sections and their labels left out, so that
+    moving code within a file or renaming a helper changes nothing."""
+    debug = re.compile(r"^\s*(\.loc|\.file|//|\.b8|\.b16|\.b32|\.b64|\.section)|L__tmp|debug")
+    return hashlib.sha1("\n".join(line for line in ptx.splitlines() if not debug.search(line)).encode()).hexdigest()[:16]
+
+
+def ptx_digests(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), kernels="default", quant="block",
+                overrides: dict | None = None, seq: int = 512) -> dict[str, str]:
+    """{"d=.. causal=.. smooth_q=.. #i name": ptx_digest} of every launch of one forward and backward,
+    causal or not, with or without Q-smoothing."""
+    out = {}
+    for d in head_dims:
+        for causal in (True, False):
+            for smooth_q in (False, True):
+                launches = record_launches((1, 2, seq, d), causal=causal, smooth_q=smooth_q, block_q=blocks[0],
+                                           block_kv=blocks[1], kernels=kernels, quant=quant, overrides=overrides)
+                for i, (name, kernel, args, kwargs) in enumerate(launches):
+                    key = f"d={d} causal={causal} smooth_q={smooth_q} #{i} {name}"
+                    out[key] = ptx_digest(compile_recorded(kernel, args, kwargs, arch).asm["ptx"])
+    return out
+
+
 LOOP_KERNELS = ("forward", "dq", "dkdv", "dv", "dk", "fused")
 BENCH_SHAPES = {64: (8, 16, 4096, 64), 128: (8, 8, 4096, 128)}   # the issue's causal targets
 
@@ -222,6 +250,8 @@ def main(argv=None) -> int:
     ap.add_argument("--loop-mix", action="store_true",
                     help="SASS instructions per score element of each main loop, and the floors they set")
     ap.add_argument("--measured", help="with --loop-mix: a benchmarks.attention --kernel-times JSON for efficiency")
+    ap.add_argument("--ptx-digest", action="store_true",
+                    help="a hash of each launch's PTX (no line or debug information), to compare two trees")
     ap.add_argument("--kernels", default="default", metavar="CHOICE",
                     help="which kernels to build (sagebwd.triton.registry: default, triton, fused or PASS=NAME "
                          "items; python -m sagebwd.triton.registry lists them); default: what an H100/H200 runs")
@@ -254,6 +284,16 @@ def main(argv=None) -> int:
                  '\'{"dkdv_blocks": {"separate": true}}\'')
     if args.measured and not args.loop_mix:
         ap.error("--measured goes with --loop-mix")
+    if args.ptx_digest and args.loop_mix:
+        ap.error("--ptx-digest and --loop-mix are two reports: ask for one")
+    if args.ptx_digest:
+        digests = ptx_digests(tuple(args.head_dim), args.arch, tuple(args.blocks), args.kernels, args.quant, overrides)
+        for key, digest in digests.items():
+            print(f"{digest}  {key}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(digests, f, indent=1)
+        return 0
     if args.loop_mix:
         measured = None
         if args.measured:

@@ -27,7 +27,8 @@ import torch
 QMAX = 127.0
 MIN_AMAX = 2.0 ** -120
 E4M3_MAX = 448.0
-P_E4M3_SCALE = 256.0
+P_E4M3_LOG2 = 8   # the kernels' dK/dV read LSE minus this, so that their exp2 yields P_E4M3_SCALE * P
+P_E4M3_SCALE = 2.0 ** P_E4M3_LOG2
 
 
 def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):

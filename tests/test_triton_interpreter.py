@@ -156,14 +156,15 @@ def _k_order_case() -> dict:
     x, do, o = [torch.randn(1, 2, 256, 64, generator=gen).half() for _ in range(3)]
     rows, cols, _, _ = kq.quantize_blocks(x, 64, cols=True)
     do_rows, _, do_scale, _ = kq.quantize_blocks(do, 128)
-    lse = torch.zeros(1, 2, 256)
-    delta, _, do_cols, do_cols_scale, no_delta_sq = kq.backward_preprocess(do, o, lse, 128)
+    lse = torch.randn(1, 2, 256, generator=gen) * 4 + 6
+    delta, _, do_cols, do_cols_scale, no_delta_sq, no_lse2_p = kq.backward_preprocess(do, o, lse, 128)
     s_q = torch.rand(1, 2, 256, generator=gen) + 0.5   # the token contract's Q scales
-    delta_t, _, do_cols_t, do_scale_t, delta_sq = kq.backward_preprocess(do, o, lse, 128, s_q)
+    delta_t, lse2_t, do_cols_t, do_scale_t, delta_sq, lse2_p = kq.backward_preprocess(do, o, lse, 128, s_q)
     do_e4m3, do_e4m3_scale = quantize_row_blocks_e4m3(do.float(), 128)
     return {"name": "k_order",
             "delta_sq": no_delta_sq is None and bool(torch.equal(delta_t, delta))
             and bool(torch.equal(delta_sq, delta * s_q)),
+            "lse2_p": no_lse2_p is None and bool(torch.equal(lse2_p, lse2_t - 8.0)),
             "do_e4m3": do_cols_t.dtype == torch.float8_e4m3fn
             and bool(torch.equal(from_k_order(do_cols_t.float()), do_e4m3.transpose(-1, -2)))
             and bool(torch.equal(do_scale_t, do_e4m3_scale)),
@@ -316,6 +317,12 @@ def test_token_preprocess_writes_delta_times_q_scale(results):
     """The token contract's delta s_Q (the Gluon dK/dV's column constant) is the fp32 product the dK/dV
     kernels computed themselves, bit for bit; the block contract gets none and the same delta."""
     assert results["k_order"]["delta_sq"]
+
+
+def test_token_preprocess_writes_lse_minus_log2_256(results):
+    """The token dK/dV reads LSE2 - log2(256), so that its exp2 yields 256 P (dV's e4m3 operand) with no
+    multiply: the preprocess writes it beside LSE2 (the fp32 difference), and nothing in the block contract."""
+    assert results["k_order"]["lse2_p"]
 
 
 def test_e4m3_rounding_is_round_to_nearest_even(results):

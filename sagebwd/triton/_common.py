@@ -14,6 +14,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from .. import quant
+
 LOG2E = tl.constexpr(1.4426950408889634)   # kernels may read only constexpr globals
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -72,9 +74,10 @@ def round_to_int8(x):
 
 # FP8 e4m3 (the token contract's dV = P^T dO; sagebwd.quant): P with the static scale 1/256 (P <= 1),
 # dO^ per block with amax / 448.
-P_E4M3_SCALE = tl.constexpr(256.0)
-E4M3_MAX = tl.constexpr(448.0)
-MIN_AMAX = tl.constexpr(2.0 ** -120)   # sagebwd.quant.MIN_AMAX: below it a block's scale inverse is 0
+P_E4M3_SCALE = tl.constexpr(quant.P_E4M3_SCALE)
+P_E4M3_LOG2 = tl.constexpr(float(quant.P_E4M3_LOG2))
+E4M3_MAX = tl.constexpr(quant.E4M3_MAX)
+MIN_AMAX = tl.constexpr(quant.MIN_AMAX)   # below it a block's scale inverse is 0
 
 
 @triton.jit

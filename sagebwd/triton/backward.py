@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from . import registry
-from ._common import (DS_SPAN, LOG2E, P_E4M3_SCALE, empty_in_layout_of, int_to_float, interpreting,
+from ._common import (DS_SPAN, LOG2E, P_E4M3_LOG2, P_E4M3_SCALE, empty_in_layout_of, int_to_float, interpreting,
                       round_scaled_to_int8, saturated_ds_to_int8, tile_scales, to_e4m3, to_k_order)
 from .forward import smooth_q_bias
 from .launch import Tuning, arch_for, launch, launch_settings, overrides
@@ -199,6 +199,9 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
     TOKEN: k_scale and the q scales are per token; dV = P^T dO in FP8 e4m3 (256 P, no maximum;
     dO^ e4m3 per q block), accumulated in fp32 by the tensor cores; Y^T = dS^T s_Q gets one scale
     per kv row of each q block, measured here (a row max), so a slice is a whole q block (no CHAIN).
+    LSE2_bh is then LSE2 - log2(256): p_t is 256 P, dV's operand as it stands, and so 256 times every
+    term of dK, which the caller's last scale takes back (exact: a power of two; Y^T's scales are row
+    maxima, so its integers do not change).
     """
     tl.static_assert(not (TOKEN and (CHAIN or BLOCK_M != Q_BLOCK)), "TOKEN takes whole q blocks per slice")
     DH: tl.constexpr = HEAD_DIM // SPLIT_D
@@ -246,7 +249,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             # different orders, and where dP - delta cancels, that difference is all of dS.
             if PASS != DK_ONLY:
                 if TOKEN:   # dV in FP8 e4m3: 256 P (P <= 1: no maximum) times dO^ (e4m3 per block)
-                    p8_t = to_k_order(to_e4m3(p_t * P_E4M3_SCALE))
+                    p8_t = to_k_order(to_e4m3(p_t))   # p_t is 256 P (LSE2_bh: minus log2(256))
                     do8 = tl.trans(tl.load(DO8T_bh + offs_h[:, None] * N + offs_m[None, :]))
                     dv_a += tl.dot(p8_t, do8, out_dtype=tl.float32) * dv_scale
                     if SPLIT_D == 2:
@@ -374,10 +377,14 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
             BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS, TOKEN)
     offs_h = tl.arange(0, DH)
     out = b * stride_gb + h * stride_gh + offs_n[:, None] * stride_gn + offs_h[None, :]
+    if TOKEN:   # dK's terms came from 256 P (see _dkdv_tiles): exact in a power of two
+        dk_const = sm_scale * (1.0 / P_E4M3_SCALE)
+    else:
+        dk_const = sm_scale
     if PASS != DV_ONLY:
-        tl.store(DK + out, (dk_a * sm_scale).to(DK.dtype.element_ty))
+        tl.store(DK + out, (dk_a * dk_const).to(DK.dtype.element_ty))
         if SPLIT_D == 2:
-            tl.store(DK + out + DH, (dk_b * sm_scale).to(DK.dtype.element_ty))
+            tl.store(DK + out + DH, (dk_b * dk_const).to(DK.dtype.element_ty))
     if PASS != DK_ONLY:
         tl.store(DV + out, dv_a.to(DV.dtype.element_ty))
         if SPLIT_D == 2:
@@ -458,6 +465,7 @@ class BackwardCall:
     block_kv: int
     token: bool      # the "token" contract: s_q, s_k per token, no tile scales
     delta_sq: torch.Tensor | None = None   # token: delta s_Q per q row (the Gluon dK/dV's column constant)
+    lse2_p: torch.Tensor | None = None     # token: lse2 - log2(256), which the dK/dV kernels read instead
 
 
 def _triton_args(c: BackwardCall) -> tuple:
@@ -500,19 +508,20 @@ def run_dkdv(c: BackwardCall, tuning: Tuning | None = None) -> None:
         default = dict(num_warps=8 if rows >= 128 else 4,
                        num_stages=_stages(stage_bytes, 2 if (split_d == 2 or rows < 128) and not separate else 3))
         launch(name, _dkdv_kernel, (n // rows, b * h),
-            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2, c.delta, c.tile_scales, c.dk, c.dv,
+            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2_p if c.token else c.lse2, c.delta,
+            c.tile_scales, c.dk, c.dv,
             *tail, BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=c.block_q, KV_BLOCK=c.block_kv, SPLIT_D=split_d, CHAIN=chain,
             PASS=pass_.value, **flags,
             **launch_settings(name if name in overrides(tuning) else "dkdv", default, tuning), tuning=tuning)
 
 
-def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delta_sq=None, causal: bool,
+def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delta_sq=None, lse2_p=None, causal: bool,
              smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None,
              layout_of=None, kernels: str = "default", quant: str = "block", tuning: Tuning | None = None):
     """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype), all three in layout_of's memory
     order (contiguous without it; _common.empty_in_layout_of). do and v may have any strides;
     lse2 is the forward's LSE times log2(e) (backward_preprocess writes it, and with the token
-    contract delta_sq = delta s_Q; computed here if not given). quant: the contract
+    contract delta_sq = delta s_Q and lse2_p = lse2 - log2(256); computed here if not given). quant: the contract
     ("token": s_q, s_k per token). The dQ and the dK/dV kernels are the registry's for this device,
     contract and `kernels` (one of them may compute all three)."""
     b, h, n, d = q8.shape
@@ -528,10 +537,12 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delt
     token = quant == "token"
     if token and delta_sq is None:
         delta_sq = delta * s_q
+    if token and lse2_p is None:
+        lse2_p = lse2 - P_E4M3_LOG2
     tile_scales = None if one_kernel else s_q if token else torch.zeros(
         b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32)
     call = BackwardCall(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, tile_scales, causal,
-                        smooth_k, mu_q, k, k_mean, block_q, block_kv, token, delta_sq)
+                        smooth_k, mu_q, k, k_mean, block_q, block_kv, token, delta_sq, lse2_p)
     registry.load(dq_kernel)(call, tuning)   # first: it writes the tile scales
     if not one_kernel:
         registry.load(dkdv_kernel)(call, tuning)

@@ -49,9 +49,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .. import quant
+
 G_MAGIC_F = gl.constexpr(12582912.0)   # 1.5 * 2**23: see _common.MAGIC_F
 G_DS_SPAN = gl.constexpr(254.0)   # see _common.saturated_ds_to_int8
-G_P_E4M3_SCALE = gl.constexpr(256.0)   # see _common.P_E4M3_SCALE
+G_P_E4M3_SCALE = gl.constexpr(quant.P_E4M3_SCALE)   # see _common.P_E4M3_SCALE
 
 # What one launch computes (PASS): at d=128 dV and dK are two launches, as in backward.py (one
 # warpgroup cannot hold both 64 x 128 pairs of fp32 and int32 accumulators).
@@ -432,10 +434,11 @@ def _slice_dot(op, smem, slot, h: gl.constexpr, acc, USE_ACC: gl.constexpr, SLIC
 
 @gluon.jit
 def _rows_operand(x, inv, op_layout: gl.constexpr, FP8: gl.constexpr):
-    """x^T (kv rows of one q slice) as the A operand of a token-contract product: 256 x in FP8 e4m3
-    (dV's P^T: P <= 1 needs no maximum, inv unused), or INT8 with the rows' scale inverses (dK's Y^T)."""
+    """x^T (kv rows of one q slice) as the A operand of a token-contract product: x in FP8 e4m3 (dV's
+    256 P^T, as exp2 gives it: P <= 1 needs no maximum, inv unused), or INT8 with the rows' scale
+    inverses (dK's Y^T)."""
     if FP8:
-        op = (x * G_P_E4M3_SCALE).to(gl.float8e4nv)
+        op = x.to(gl.float8e4nv)
     else:
         op = _int8_bits(x, inv[:, None]).to(gl.int8)
     return as_a_operand(op, op_layout)
@@ -465,8 +468,9 @@ def _row_scales(amax):
 
 @gluon.jit
 def _token_probs(st, kq, sq, lse, offs_q, offs_kv, MASK: gl.constexpr, MASK_DIAG: gl.constexpr, diag):
-    """P^T of a slice in the token contract, as backward.py (TOKEN) computes it: S^T = int(K^ Q^T) *
-    (s_K qk_const) per kv row * s_Q per q column, then exp2(S^T - LSE); masked as _slice_probs. The
+    """256 P^T of a slice in the token contract, as backward.py (TOKEN) computes it: S^T = int(K^ Q^T) *
+    (s_K qk_const) per kv row * s_Q per q column, then exp2(S^T - lse), lse = LSE2 - log2(256); masked as
+    _slice_probs. The
     second multiply and the subtraction become one fma, by the same contraction as in backward.py
     (written as a subtraction: gl.fma(a, b, -c) would materialise -c as 0 - c, one FADD per column)."""
     return _masked_exp2(st.to(gl.float32) * kq[:, None] * sq[None, :] - lse[None, :], offs_q, offs_kv, MASK,
@@ -492,7 +496,10 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
     `blk` (ring slot r); kq = s_K qk_const per kv row; the same flags as _q_block.
 
     dV = P^T dO is FP8 e4m3: 256 P^T with no maximum (P <= 1) times dO^T's e4m3 tiles, chained over
-    both slices in fp32 and scaled by s_dO / 256, one number per q block. Y^T = dS^T s_Q's scale is a row
+    both slices in fp32 and scaled by s_dO / 256, one number per q block. The LSE ring holds LSE2 -
+    log2(256) (backward_preprocess), so exp2 yields 256 P^T with no multiply; Y^T is then 256 times
+    too, with the same integers (its scales are row maxima), and the kernel's last dK scale divides
+    by 256 (exact). Y^T = dS^T s_Q's scale is a row
     maximum over the whole q block (128 columns, both slices) for dK = Y^T Q. In the wgmma accumulator
     a kv row lives in one quad of one warp, so it is a max over the thread's columns and two
     shuffles, with no exchange between warps; but neither slice's Y^T can be quantised before the
@@ -702,8 +709,12 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
     offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     out = offs_r[:, None] * stride_gn + offs_d[None, :]
+    if TOKEN:   # dK's terms came from 256 P (_q_block_token): exact in a power of two
+        dk_const = sm_scale * (1.0 / G_P_E4M3_SCALE)
+    else:
+        dk_const = sm_scale
     if PASS != DV_ONLY:
-        gl.store(DK_bh + out, (dk * sm_scale).to(DK_bh.dtype.element_ty))
+        gl.store(DK_bh + out, (dk * dk_const).to(DK_bh.dtype.element_ty))
     if PASS != DK_ONLY:
         gl.store(DV_bh + out, dv.to(DV_bh.dtype.element_ty))
 

@@ -64,7 +64,8 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
     """[(name, kernel, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at
     d=128; as dkdv_ws_hopper's kernel if `ws` (seq a multiple of 128), else dkdv_hopper's. v and do may
     have any strides and alignment. token: the token contract (s_q, s_k per token; s_q comes by TMA
-    with each q block, as LSE does; delta is delta s_Q, BackwardCall.delta_sq; tile_scales unused)."""
+    with each q block, as LSE does; delta is delta s_Q, BackwardCall.delta_sq, and lse2 is lse2 - log2(256),
+    BackwardCall.lse2_p; tile_scales unused)."""
     b, h, n, d = q8.shape
     rows = b * h * n
     tile_rows = dkdv_hopper.ROWS
@@ -123,6 +124,7 @@ def run_dq(c, tuning: Tuning | None = None, *, ws: bool) -> None:
 def run_dkdv(c, tuning: Tuning | None = None, *, ws: bool) -> None:
     """The Gluon dK/dV (registry: dkdv "gluon", "gluon-ws"), on a backward.BackwardCall, in its contract."""
     for name, kernel, grid, args, kwargs in dkdv_launches(
-            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2, c.delta_sq if c.token else c.delta,
+            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2_p if c.token else c.lse2,
+            c.delta_sq if c.token else c.delta,
             c.tile_scales, c.dk, c.dv, causal=c.causal, block_q=c.block_q, ws=ws, token=c.token):
         launch(name, kernel, grid, *args, tuning=tuning, **kwargs)

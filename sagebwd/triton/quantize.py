@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (E4M3_MAX, LOG2E, MIN_AMAX, block_scales, interpreting, mul_rn, quantize_tile, round_to_int8,
-                      to_e4m3, to_k_order)
+from ._common import (E4M3_MAX, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, interpreting, mul_rn, quantize_tile,
+                      round_to_int8, to_e4m3, to_k_order)
 from .launch import Tuning, launch
 
 
@@ -94,7 +94,7 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
 
 
 @triton.jit
-def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, DO_COLS, DO_SCALE,
+def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, DO_COLS, DO_SCALE,
                                 stride_dob, stride_doh, stride_don, stride_dod,
                                 stride_ob, stride_oh, stride_on, stride_od, H, N,
                                 BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, TOKEN: tl.constexpr):
@@ -103,7 +103,8 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, DO_COLS, 
     in k order. TOKEN: dO^ in FP8 e4m3 instead (the token contract's dV operand), and delta s_Q
     (s_Q per token), which the Gluon dK/dV subtracts per column of every tile (Y^T = P^T (dP^T s_Q -
     delta s_Q)): one multiply per q row here instead of one per column of every tile there (-0.5
-    instructions per score element of its loop)."""
+    instructions per score element of its loop); and LSE2 - log2(256) (LSE2_P), which the token dK/dV
+    reads instead of LSE2: its exp2 then yields 256 P, dV's e4m3 operand, with no multiply."""
     blk = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -118,7 +119,10 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, DO_COLS, 
     tl.store(DELTA + bh * N + offs_n, delta)
     if TOKEN:
         tl.store(DELTA_SQ + bh * N + offs_n, delta * tl.load(SQ + bh * N + offs_n))
-    tl.store(LSE2 + bh * N + offs_n, tl.load(LSE + bh * N + offs_n) * LOG2E)
+    lse2 = tl.load(LSE + bh * N + offs_n) * LOG2E
+    tl.store(LSE2 + bh * N + offs_n, lse2)
+    if TOKEN:
+        tl.store(LSE2_P + bh * N + offs_n, lse2 - P_E4M3_LOG2)
     if TOKEN:   # FP8 e4m3 for dV = P^T dO: scale amax / 448 (sagebwd.quant.quantize_row_blocks_e4m3)
         amax = tl.max(tl.max(tl.abs(do), axis=1), axis=0)
         scale = tl.math.div_rn(amax, E4M3_MAX)
@@ -218,18 +222,21 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,
                         s_q: torch.Tensor | None = None, tuning: Tuning | None = None):
     """Returns (delta (B,H,N) fp32, LSE * log2(e) (B,H,N) fp32, dO^ (B,H,D,N) in k order, dO scales
-    (B,H,N/block_q), delta s_Q (B,H,N) fp32 or None). s_q: the token contract's Q scales per token
-    (B,H,N), with which dO^ is FP8 e4m3 (dV's operand in that contract); without them (the block
-    contract) dO^ is INT8 and there is no delta s_Q."""
+    (B,H,N/block_q), delta s_Q (B,H,N) fp32 or None, LSE * log2(e) - log2(256) (B,H,N) fp32 or None).
+    s_q: the token contract's Q scales per token (B,H,N), with which dO^ is FP8 e4m3 (dV's operand in
+    that contract) and the last two are written (the token dK/dV's operands); without them (the
+    block contract) dO^ is INT8 and both are None."""
     b, h, n, d = do.shape
     delta = torch.empty(b, h, n, device=do.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
     delta_sq = torch.empty_like(delta) if s_q is not None else None
+    lse2_p = torch.empty_like(delta) if s_q is not None else None
     token = s_q is not None
     do_cols = torch.empty(b, h, d, n, device=do.device, dtype=torch.float8_e4m3fn if token else torch.int8)
     do_scale = torch.empty(b, h, n // block_q, device=do.device, dtype=torch.float32)
     launch("backward_preprocess", _backward_preprocess_kernel, (n // block_q, b * h),
-        do, o, lse, s_q if token else delta, delta, delta_sq if token else delta, lse2, do_cols, do_scale,
+        do, o, lse, s_q if token else delta, delta, delta_sq if token else delta, lse2,
+        lse2_p if token else delta, do_cols, do_scale,
         *do.stride(), *o.stride(), h, n, BLOCK=block_q, HEAD_DIM=d, TOKEN=token, num_warps=_warps(block_q, d),
         tuning=tuning)
-    return delta, lse2, do_cols, do_scale, delta_sq
+    return delta, lse2, do_cols, do_scale, delta_sq, lse2_p

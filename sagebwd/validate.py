@@ -25,8 +25,10 @@ def check_blocks(block_q: int, block_kv: int) -> None:
 def check_kernels(kernels: str) -> None:
     """The kernel choice must be one the registry reads (sagebwd.triton.registry.parse)."""
     from .triton.registry import KernelChoiceError, parse
+    # Dynamo traces through lru_cache anyway, and warns that it does: hand it the function itself.
+    parse_fn = parse.__wrapped__ if torch.compiler.is_compiling() else parse
     try:
-        parse(kernels)
+        parse_fn(kernels)
     except KernelChoiceError as err:
         raise SageBwdInputError(str(err)) from None
 

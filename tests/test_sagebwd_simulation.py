@@ -294,3 +294,22 @@ def test_bad_inputs_are_rejected_with_a_fix():
     with pytest.raises(sagebwd.SageBwdInputError, match="needs CUDA tensors"):
         sagebwd.attention(x, x, x, backend="triton")
     _bad("dtype torch.int32 is not supported", *(torch.ones(1, 2, 128, 64, dtype=torch.int32),) * 3)
+
+
+def test_kernel_choice_check_traces_without_dynamo_warnings():
+    """The op checks `kernels=` inside the model's compiled graph: Dynamo traces the check without
+    warning about the registry's lru_cache (the trainer's logs showed one per compiled model), and a
+    bad choice still raises there."""
+    import warnings
+    from sagebwd import validate
+
+    def checked(x, kernels):
+        validate.check_kernels(kernels)
+        return x * 2
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.compile(lambda x: checked(x, "triton,dkdv=gluon-ws"), backend="eager", fullgraph=True)(torch.ones(3))
+    assert not [w for w in caught if "lru_cache" in str(w.message)], [str(w.message) for w in caught]
+    with pytest.raises(Exception, match="glon"):
+        torch.compile(lambda x: checked(x, "dkdv=glon"), backend="eager", fullgraph=True)(torch.ones(3))

@@ -71,9 +71,9 @@ def markdown(rows: list[dict], baseline: str = BASELINE) -> str:
 
 def final_eval_losses(tracking_uri: str, run_ids: dict[tuple[str, int], str]) -> dict[str, dict[int, float]]:
     """{variant: {seed: last eval_loss}} read back from the store (runs without one are left out)."""
-    from mlflow.tracking import MlflowClient
+    from launcher.tracking import mlflow_client
 
-    client = MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     finals: dict[str, dict[int, float]] = {}
     for (variant, seed), run_id in run_ids.items():
         history = sorted(client.get_metric_history(run_id, "eval_loss"), key=lambda m: m.step)
@@ -117,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from mlflow.tracking import MlflowClient
-
+    from launcher.tracking import mlflow_client
     from launcher.train import train
 
     name = args.name or base.tracking.experiment
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         uri = result.tracking_uri
         if not result.stopped_by:   # a stopped run's last eval loss is not a final one
             run_ids[(variant, seed)] = result.run_id
-        MlflowClient(uri).set_tag(result.run_id, STUDY_TAG, name)
+        mlflow_client(uri).set_tag(result.run_id, STUDY_TAG, name)
         if result.diverged_at:
             diverged.append(f"{variant} seed {seed} (step {result.diverged_at})")
         if result.stopped_by:   # SIGTERM/SIGUSR1: the run checkpointed and stopped; so does the study

@@ -71,9 +71,9 @@ def run_one(name: str, args: argparse.Namespace, sets: list[str], log) -> int:
 
 
 def table(store: Path, experiment: str) -> str:
-    from mlflow.tracking import MlflowClient
+    from launcher.tracking import mlflow_client
 
-    client = MlflowClient(f"sqlite:///{store}")
+    client = mlflow_client(f"sqlite:///{store}")
     exp = client.get_experiment_by_name(experiment)
     rows = ["| run | layout | status | steps | tokens/s (all GPUs) | tokens/s per GPU | MFU | "
             "peak mem GiB | final loss | eval loss |", "|---" * 10 + "|"]

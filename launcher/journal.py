@@ -155,11 +155,11 @@ class Uploader:
     """Replays a journal's pending records into MLflow, in order."""
 
     def __init__(self, journal: Journal, tracking_uri: str):
-        from mlflow.tracking import MlflowClient
+        from launcher.tracking import mlflow_client
 
         set_fast_fail_env()
         self.journal, self.tracking_uri = journal, tracking_uri
-        self.client = MlflowClient(tracking_uri)
+        self.client = mlflow_client(tracking_uri)
         self.cursor = journal.read_cursor()
         if not self.cursor.get("tracking_uri"):   # where the records go (launcher.sync reads it)
             self._save(tracking_uri=tracking_uri)
@@ -213,13 +213,13 @@ class Uploader:
     def _apply(self, record: dict[str, Any]) -> None:
         from mlflow.entities import Param, RunTag
 
+        from launcher.tracking import experiment_id
         op, client = record["op"], self.client
         if op == "create":
             if not self.run_id:   # a retry after create_run went through keeps that run
-                found = client.get_experiment_by_name(record["experiment"])
-                experiment_id = (found.experiment_id if found else client.create_experiment(
-                    record["experiment"], artifact_location=record.get("artifact_location")))
-                run = client.create_run(experiment_id, run_name=record["run_name"],
+                exp_id = experiment_id(client, record["experiment"], self.tracking_uri,
+                                       record.get("artifact_location"))
+                run = client.create_run(exp_id, run_name=record["run_name"],
                                         tags=record["tags"], start_time=record["ts"])
                 self._save(run_id=run.info.run_id)
             params = [Param(k, v) for k, v in record["params"].items()]

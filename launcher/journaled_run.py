@@ -147,9 +147,9 @@ class JournaledRun:
 def _legacy_logged_through(run_id: str, tracking_uri: str, step: int) -> int:
     """For a checkpoint from before journals: how far the store's loss history goes."""
     try:
-        from mlflow.tracking import MlflowClient
+        from launcher.tracking import mlflow_client
 
-        history = MlflowClient(tracking_uri).get_metric_history(run_id, "loss")
+        history = mlflow_client(tracking_uri).get_metric_history(run_id, "loss")
         return max((m.step for m in history), default=0)
     except Exception:
         return step

@@ -1,8 +1,10 @@
 """MLflow logging for one run: resolved config as params, grid axes as tags, batched metrics."""
 from __future__ import annotations
 
+import fcntl
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,47 @@ def _artifact_root(tracking_uri: str) -> str | None:
         db = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
         return (db.parent / "mlflow-artifacts").as_uri()
     return None
+
+
+@contextmanager
+def store_lock(tracking_uri: str):
+    """Hold `<db>.lock` (flock) while this process touches a sqlite store first or finds-or-creates
+    in it: MLflow creates and migrates a new store's tables on a client's first request, and two
+    processes doing that at once fail ("table experiments already exists", "duplicate column name:
+    step": two `experiments run` started side by side on a fresh store), as two find-or-creates of
+    one experiment or grid run would both create. Other stores (servers) need no lock here."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{db}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def mlflow_client(tracking_uri: str):
+    """An MlflowClient of `tracking_uri`, made under store_lock: making one creates and migrates a
+    new sqlite store. Every client of the project's stores comes from here."""
+    # Runs happen on offline clusters and CI; no usage pings unless a user opts in.
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow.tracking import MlflowClient
+
+    with store_lock(tracking_uri):
+        return MlflowClient(tracking_uri)
+
+
+def experiment_id(client, name: str, tracking_uri: str, artifact_location: str | None = None) -> str:
+    """The id of MLflow experiment `name`, created if missing (artifacts next to a sqlite store
+    unless `artifact_location` says otherwise), under store_lock."""
+    with store_lock(tracking_uri):
+        found = client.get_experiment_by_name(name)
+        if found:
+            return found.experiment_id
+        return client.create_experiment(name, artifact_location=artifact_location or _artifact_root(tracking_uri))
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -76,10 +119,7 @@ class MlflowRun:
                tags: dict[str, str], config_yaml: str, tracking_uri: str | None = None,
                system_metrics: bool = False) -> "MlflowRun":
         client, uri = _client(tracking_uri)
-        found = client.get_experiment_by_name(experiment)
-        experiment_id = (found.experiment_id if found else client.create_experiment(
-            experiment, artifact_location=_artifact_root(uri)))
-        run_id = client.create_run(experiment_id, run_name=run_name,
+        run_id = client.create_run(experiment_id(client, experiment, uri), run_name=run_name,
                                    tags={**tags, **nesting_tags()}).info.run_id
         from mlflow.entities import Param
 
@@ -130,12 +170,8 @@ class MlflowRun:
 
 
 def _client(tracking_uri: str | None):
-    # Runs happen on offline clusters and CI; no usage pings unless a user opts in.
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from mlflow.tracking import MlflowClient
-
     uri = resolve_tracking_uri(tracking_uri)
-    return MlflowClient(uri), uri
+    return mlflow_client(uri), uri
 
 
 def _start_system_metrics(run_id: str, tracking_uri: str):

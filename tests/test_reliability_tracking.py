@@ -18,6 +18,7 @@ from launcher.journal import Journal, Uploader
 from launcher.sync import main as sync_main
 from mlflow_server_process import MlflowServer
 
+REPO = Path(__file__).resolve().parent.parent
 STEPS = 16
 RUN = {
     "seed": 5,
@@ -163,3 +164,35 @@ def test_launcher_errors_are_one_line_unless_asked(tmp_path, capsys):
     for key in ("train.stepz", "optimizer.lr", "model.num_heads (2) must be divisible by "
                 "parallel.sp (3)"):
         assert key in err, err
+
+
+_RACE_WORKER = """
+import sys, time
+from experiments.grid.plan import plan_manifest
+from experiments.grid.tracking import ensure_parent_run
+plan = plan_manifest("paper-small", node="h100-1", check_paths=False)
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+print(ensure_parent_run(plan, sys.argv[1]))
+"""
+
+
+def test_grids_started_side_by_side_share_a_fresh_sqlite_store(tmp_path):
+    """Two `experiments run` started at once on a new sqlite store: MLflow creates and migrates the
+    store's tables on each process's first client, and without launcher.tracking.store_lock all but
+    one failed ("table experiments already exists", "duplicate column name: step"; seen on a GPU
+    host, and here 3 of 4). With it every process starts, and they find one grid parent run."""
+    import os
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONPATH": str(REPO)}
+    start = time.time() + 6   # after every interpreter has imported MLflow
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE_WORKER, uri, str(start)], env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+    failed = [err.strip().splitlines()[-1] for _, err, rc in results if rc != 0]
+    assert not failed, failed
+    assert len({out.strip() for out, _, _ in results}) == 1, "the grids made more than one parent run"

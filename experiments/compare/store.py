@@ -60,7 +60,7 @@ class Selection:
 
 def connect(tracking_uri: str) -> "MlflowClient":
     """A client for a store that exists: fail in seconds, not after MLflow's retries."""
-    from mlflow.tracking import MlflowClient
+    from launcher.tracking import mlflow_client
 
     if tracking_uri.startswith(("http://", "https://")):
         health = tracking_uri.rstrip("/") + "/health"
@@ -79,7 +79,7 @@ def connect(tracking_uri: str) -> "MlflowClient":
                 f"there is no MLflow store at {db}: nothing has been logged to {tracking_uri} "
                 "yet. Train first (`python -m experiments.demo`, `python -m experiments run "
                 "smoke`) or pass --tracking-uri with the store the runs logged to")
-    return MlflowClient(tracking_uri)
+    return mlflow_client(tracking_uri)
 
 
 def find_experiment(client: "MlflowClient", name: str, tracking_uri: str) -> "Experiment":

@@ -30,22 +30,18 @@ def ensure_parent_run(plan: Plan, tracking_uri: str) -> str | None:
     """Find or create the grid's parent run; None for grids that train nothing."""
     if plan.manifest.kind != "train" or not plan.experiment:
         return None
-    from mlflow.tracking import MlflowClient
+    from launcher.tracking import experiment_id, mlflow_client, store_lock
 
-    from launcher.tracking import _artifact_root
-
-    client = MlflowClient(tracking_uri)
-    found = client.get_experiment_by_name(plan.experiment)
-    experiment_id = found.experiment_id if found else client.create_experiment(
-        plan.experiment, artifact_location=_artifact_root(tracking_uri))
-    existing = client.search_runs([experiment_id],
-                                  filter_string=f"tags.`{GRID_TAG}` = '{grid_id(plan)}'",
-                                  max_results=1)
-    if existing:
-        return existing[0].info.run_id
-    run = client.create_run(experiment_id, run_name=grid_id(plan),
-                            tags={GRID_TAG: grid_id(plan), ROLE_TAG: "grid",
-                                  "manifest": str(plan.path), "node": plan.node.name})
+    client = mlflow_client(tracking_uri)
+    exp_id = experiment_id(client, plan.experiment, tracking_uri)
+    with store_lock(tracking_uri):   # two grids started side by side: one parent run
+        existing = client.search_runs([exp_id], filter_string=f"tags.`{GRID_TAG}` = '{grid_id(plan)}'",
+                                      max_results=1)
+        if existing:
+            return existing[0].info.run_id
+        run = client.create_run(exp_id, run_name=grid_id(plan),
+                                tags={GRID_TAG: grid_id(plan), ROLE_TAG: "grid",
+                                      "manifest": str(plan.path), "node": plan.node.name})
     client.set_terminated(run.info.run_id, status="FINISHED")
     return run.info.run_id
 

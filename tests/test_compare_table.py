@@ -154,7 +154,7 @@ def test_paper_small_grid_knows_its_seeds():
     assert seeds["paper-small-tps128k-fpa-qknorm-s2"] == 2
     assert seeds["paper-small-tps16k-sagebwd-qknorm-qk-s0"] == 0
     cells = {_plan_axes(run).without_seed for run in runs}
-    assert len(runs) == 21 and len(cells) == 11
+    assert len(runs) == 25 and len(cells) == 11
 
 
 def test_tps_is_written_like_the_paper():

@@ -162,6 +162,6 @@ def test_paper_small_dry_runs_on_one_h100(tmp_path):
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     scripts = sorted((tmp_path / "scripts").glob("*.sbatch"))
-    assert len(scripts) == 21
+    assert len(scripts) == 25
     text = (tmp_path / "scripts" / "paper-small-tps128k-sagebwd-noqknorm-k-s2.sbatch").read_text()
     assert "--gpus-per-node=1" in text and "seed=2" in text and "model.qk_norm=false" in text

@@ -75,6 +75,7 @@ VARIANTS = {
     "f": "Q/K per fragment of our tiles (Q 32 of 128, K 16 of 64)",
     "fK": "diagnostic: f's K (16 of 64), Q per token",
     "g": "fwd denominator l from the quantised P^ (a ones column beside V^)",
+    "kc": "dQ: X = dS per (q token, kv tile) without s_K, K^ per channel over the sequence",
 }
 DEFAULT_VARIANTS = ["a", "i8", "b", "c", "d", "e", "f"]
 COLUMNS = ("o", "dq", "dk", "dv", "ds")
@@ -175,6 +176,22 @@ def _quantized_sum_output(saved, cfg: SageConfig):
     return o.to(saved.v.dtype), row_max.squeeze(-1) + torch.log(l)
 
 
+def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> torch.Tensor:
+    """dQ with K^ quantised per channel over the whole sequence (one scale c_d per head and channel,
+    after K-smoothing) instead of per token: dS then needs no s_K folded in, X = dS is quantised per
+    (q token, kv tile) as the contract's X is, and c_d scales dQ's columns once at the end."""
+    b, h, n, d = saved.v.shape
+    tn, bk = n // cfg.block_kv, cfg.block_kv
+    ct = compute_dtype(q.dtype)
+    _, k_sm, _ = smooth(q.to(ct), k.to(ct), cfg)
+    ds = _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
+    x_hat, s_x = quantize_groups(ds, bk, -1, cfg.quantize)                 # s_x (B,H,N,Tn)
+    kc_hat, c = quantize_groups(k_sm, n, -2, cfg.quantize)                  # c (B,H,1,D)
+    xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tn, bk), kc_hat.reshape(b, h, tn, bk, d))
+    dq = (xk * s_x[..., None]).sum(dim=-2) * c / math.sqrt(d)
+    return dq.to(saved.v.dtype)
+
+
 def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, torch.Tensor]]:
     """O, dQ, dK, dV and dS (as dQ consumes it) of each variant for one input."""
     assert cfg.quant == "token", "the variants modify the token contract"
@@ -200,6 +217,8 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
             saved_g = saved._replace(o=o_g, lse=lse_g)
             (dq_g, dk_g, dv_g), inter_g = backward(saved_g, do, cfg, return_intermediates=True)
             out[name] = {"o": o_g, "dq": dq_g, "dk": dk_g, "dv": dv_g, "ds": inter_g.ds}
+        elif name == "kc":
+            out[name] = {**base, "dq": _channel_k_dq(saved, inter, q, k, cfg)}
         elif name in ("e", "f", "fK"):
             ct = compute_dtype(q.dtype)
             q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)

@@ -74,6 +74,15 @@ def test_kc_changes_only_dq_and_scales_k_per_channel():
     assert err_kc < 1.1 * err_a
 
 
+def test_k_outliers_scale_the_chosen_tokens_only():
+    from tools.quant_study import with_k_outliers
+    k = torch.ones(1, 2, 1000, 4)
+    out = with_k_outliers(k, 0.05, 8.0, seed=0)
+    scaled = (out == 8.0).all(dim=-1)
+    assert torch.equal(out, with_k_outliers(k, 0.05, 8.0, seed=0))          # seeded
+    assert ((out == 1.0).all(dim=-1) | scaled).all() and 20 < int(scaled.sum()) < 200   # whole rows, ~5%
+
+
 def test_fp8_rounding_and_fragment_groups():
     x = torch.tensor([448.0, 500.0, 1.0 + 2 ** -4, 1.0 + 3 * 2 ** -4, 2.0 ** -9, 2.0 ** -11, -3.3])
     assert fp8_e4m3(x).tolist() == [448.0, 448.0, 1.0, 1.25, 2.0 ** -9, 0.0, -3.25]
@@ -102,6 +111,7 @@ def test_variants_stay_close_to_fpa(variant):
     (["--seeds", "0"], "--seeds 0: every value must be positive"),
     (["--sigmas", "1", "-3"], "--sigmas 1 -3: every value must be positive"),
     (["--seq", "100"], "--seq 100 must be a multiple of the blocks"),
+    (["--k-outliers", "0", "8"], "--k-outliers 0 8: a fraction in (0, 1] and a positive scale"),
 ])
 def test_cli_rejects_bad_values_by_name(argv, message, capsys):
     try:

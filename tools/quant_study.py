@@ -237,14 +237,26 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
     return out
 
 
+def with_k_outliers(k: torch.Tensor, fraction: float, scale: float, seed: int) -> torch.Tensor:
+    """k with a random `fraction` of its tokens (rows) multiplied by `scale`: outlier keys, which
+    Gaussian inputs lack and which per-channel scales handle worst."""
+    gen = torch.Generator().manual_seed(seed + 1_000_003)
+    rows = torch.rand(*k.shape[:-1], 1, generator=gen) < fraction
+    return torch.where(rows, k * scale, k)
+
+
 def study(sigmas, variants, *, seq: int, head_dim: int, causal: bool, seeds: int = 1, batch: int = 1,
-          heads: int = 2, block_q: int = 128, block_kv: int = 64) -> dict[str, dict[float, dict[str, float]]]:
-    """rel-L2 against FPA, mean over seeds 0..seeds-1: {variant: {sigma: {column: value}}}."""
+          heads: int = 2, block_q: int = 128, block_kv: int = 64,
+          k_outliers: tuple[float, float] | None = None) -> dict[str, dict[float, dict[str, float]]]:
+    """rel-L2 against FPA, mean over seeds 0..seeds-1: {variant: {sigma: {column: value}}};
+    k_outliers (fraction, scale): with_k_outliers applied to K first."""
     cfg = SageConfig(causal=causal, block_q=block_q, block_kv=block_kv, quant="token")
     acc = {name: {s: {c: 0.0 for c in COLUMNS} for s in sigmas} for name in variants}
     for sigma in sigmas:
         for seed in range(seeds):
             q, k, v, do = gaussian_inputs(sigma, batch, heads, seq, head_dim, seed)
+            if k_outliers:
+                k = with_k_outliers(k, *k_outliers, seed)
             ref = fpa_attention(q, k, v, do, causal=causal)
             for name, tensors in run_variants(q, k, v, do, cfg, variants).items():
                 for c in COLUMNS:
@@ -273,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-q", type=int, default=128)
     p.add_argument("--block-kv", type=int, default=64)
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
+    p.add_argument("--k-outliers", type=float, nargs=2, metavar=("FRACTION", "SCALE"),
+                   help="multiply a random FRACTION of K's tokens by SCALE (outlier keys)")
     p.add_argument("--json", help="also write the numbers to this JSON file")
     return p
 
@@ -287,10 +301,15 @@ def main(argv=None) -> int:
     if args.seq % max(args.block_q, args.block_kv, 128 if "e" in args.variants else 1):
         print(f"error: --seq {args.seq} must be a multiple of the blocks (and of 128 for variant e)", file=sys.stderr)
         return 2
+    if args.k_outliers and not (0 < args.k_outliers[0] <= 1 and args.k_outliers[1] > 0):
+        parser.error(f"--k-outliers {args.k_outliers[0]:g} {args.k_outliers[1]:g}: a fraction in (0, 1] and a "
+                     "positive scale")
     results = study(args.sigmas, args.variants, seq=args.seq, head_dim=args.head_dim, causal=args.causal,
-                    seeds=args.seeds, heads=args.heads, block_q=args.block_q, block_kv=args.block_kv)
+                    seeds=args.seeds, heads=args.heads, block_q=args.block_q, block_kv=args.block_kv,
+                    k_outliers=tuple(args.k_outliers) if args.k_outliers else None)
     print(f"rel-L2 vs FPA (fp32), token contract variants; B=1 H={args.heads} N={args.seq} D={args.head_dim} "
           f"causal={args.causal} blocks={args.block_q}x{args.block_kv} K-smoothing; "
+          + (f"K outliers: {args.k_outliers[0]:g} of tokens x{args.k_outliers[1]:g}; " if args.k_outliers else "")
           + (f"mean over seeds 0-{args.seeds - 1}" if args.seeds > 1 else "seed 0"))
     print(format_table(results))
     print()
@@ -299,7 +318,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"seq": args.seq, "head_dim": args.head_dim, "causal": args.causal, "seeds": args.seeds,
-                       "heads": args.heads, "variants": {n: VARIANTS[n] for n in args.variants},
+                       "heads": args.heads, "k_outliers": args.k_outliers, "variants": {n: VARIANTS[n] for n in args.variants},
                        "rel_l2": {n: {str(s): r for s, r in rows.items()} for n, rows in results.items()}}, f, indent=2)
         print(f"wrote {args.json}")
     return 0

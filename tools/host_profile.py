@@ -21,6 +21,9 @@ run (tools.offline.recorded_fwd_bwd: Tuning(recorded=..., arch="sm90")), so it
 profiles this project's own Python up to the launches (kernel choice, allocations, descriptors,
 launch arguments) but not Triton's launcher, the driver or autograd; the K mean (a GPU kernel
 there, a slow bf16 reduction on a CPU) is computed once and handed back, so it is not in the times.
+Beside it the CPU mode times the autograd paths with Triton's launcher stubbed (cpu_breakdown): the
+eager autograd.Function, the registered custom ops, and torch.compile (aot_eager) of the op, whose
+differences are the custom ops' dispatch and the compiled wrappers' host time.
 """
 from __future__ import annotations
 
@@ -149,6 +152,51 @@ def breakdown(shape, quant: str, calls: int) -> dict[str, float]:
     return {name: host_ms(call, n=calls, repeats=3) for name, call in breakdown_calls(shape, quant).items()}
 
 
+def cpu_breakdown(shape, quant: str, calls: int) -> dict[str, float]:
+    """CPU: host ms per causal fwd+bwd (autograd.grad) of the op's two autograd paths, with the sm90
+    kernels chosen and Triton's launcher stubbed out (JITFunction.run does nothing; the K mean is
+    computed once): the eager autograd.Function, the registered custom ops (what torch.compile's graph
+    calls), and those under torch.compile with the aot_eager backend (AOTAutograd's runtime wrappers,
+    no code generation). Their differences are the custom ops' dispatch and the compiled wrappers'."""
+    from triton.runtime.jit import JITFunction
+
+    from sagebwd.triton import attention as eager_op
+    from sagebwd.triton import ops, quantize, registry
+    q, k, v, do = [torch.randn(*shape).to(torch.bfloat16) for _ in range(4)]
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    k_mean = quantize.sequence_mean(k.detach())
+    token = quant == "token"
+
+    def grads(attention):
+        def call():
+            torch.autograd.grad(attention(q, k, v), (q, k, v), do)
+        return call
+
+    paths = {"eager path (autograd.Function)": grads(lambda q, k, v: eager_op(q, k, v, True, True, False, 128, 64,
+                                                                             quant)),
+             "the custom ops (torch.compile's graph calls them)":
+                 grads(lambda q, k, v: ops._forward_op(q, k, v, True, True, False, 128, 64, token, True,
+                                                       "default")[0]),
+             "torch.compile(backend='aot_eager') of the public op":
+                 grads(torch.compile(lambda q, k, v: eager_op(q, k, v, True, True, False, 128, 64, quant),
+                                     backend="aot_eager", fullgraph=True))}
+    out = {}
+    with mock.patch.object(JITFunction, "run", lambda self, *args, **kwargs: None), \
+            mock.patch.object(registry, "arch_of", lambda device: "sm90"), \
+            mock.patch.object(quantize, "sequence_mean", lambda _: k_mean):
+        for name, call in paths.items():
+            for _ in range(3):   # compilation, caches
+                call()
+            best = float("inf")
+            for _ in range(5):   # the least of five means: the host's other load only adds
+                start = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                best = min(best, (time.perf_counter() - start) / calls * 1e3)
+            out[name] = best
+    return out
+
+
 def call_recorded(shape, quant: str):
     """The op's own path on the CPU, its sm90 launches recorded instead of run (tools.offline's way)."""
     from sagebwd.triton import quantize
@@ -206,7 +254,7 @@ def profile(shape, quant: str, calls: int, top: int) -> dict:
     return {"device": torch.cuda.get_device_name() if gpu else "cpu (launches recorded, not run; K mean stubbed)",
             "shape": list(shape), "quant": quant, "calls": calls, "host_ms_per_call": host,
             "launches": launches, "stages_ms": stages, "top": top_functions(stats, calls, top),
-            "breakdown_ms": breakdown(shape, quant, calls) if gpu else {},
+            "breakdown_ms": breakdown(shape, quant, calls) if gpu else cpu_breakdown(shape, quant, calls),
             "launch_us": launch_costs(shape, quant, calls) if gpu else {}}
 
 

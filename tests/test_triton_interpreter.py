@@ -250,6 +250,26 @@ def _e4m3_case() -> dict:
     return {"name": "e4m3", "mismatches": int((y != ref).sum()), "of": x.numel()}
 
 
+def _token_fallback_case() -> dict:
+    """backward() of the token contract computes delta s_Q and LSE2 - log2(256) itself when the caller
+    does not pass the preprocess's: the same gradients, bit for bit."""
+    import torch
+    from sagebwd.triton import backward as kb
+    from sagebwd.triton import ops
+    from sagebwd.triton import quantize as kq
+
+    gen = torch.Generator().manual_seed(21)
+    q, k, v, do = [torch.randn(1, 2, 128, 64, generator=gen).half() for _ in range(4)]
+    o, lse, q8, q8t, s_q, k8, k8t, s_k, _, k_mean = ops._forward_impl(q, k, v, True, True, False, 128, 64, True,
+                                                                      True, "default", None)
+    delta, lse2, do8t, s_do, delta_sq, lse2_p = kq.backward_preprocess(do, o, lse, 128, s_q)
+    common = dict(causal=True, smooth_k=True, k_mean=k_mean, block_q=128, block_kv=64, quant="token")
+    given = kb.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, delta_sq=delta_sq,
+                        lse2_p=lse2_p, **common)
+    computed = kb.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, **common)
+    return {"name": "token_fallback", "equal": all(bool(torch.equal(a, b)) for a, b in zip(given, computed))}
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run through the tests (they set TRITON_INTERPRET=1)"
     for case in CASES:
@@ -258,6 +278,7 @@ def main() -> None:
     print(json.dumps(_fused_quantize_case()), flush=True)
     print(json.dumps(_token_quantize_case()), flush=True)
     print(json.dumps(_e4m3_case()), flush=True)
+    print(json.dumps(_token_fallback_case()), flush=True)
     print(json.dumps(_compile_case()), flush=True)
     print(json.dumps(_opcheck_case()), flush=True)
 
@@ -323,6 +344,10 @@ def test_token_preprocess_writes_lse_minus_log2_256(results):
     """The token dK/dV reads LSE2 - log2(256), so that its exp2 yields 256 P (dV's e4m3 operand) with no
     multiply: the preprocess writes it beside LSE2 (the fp32 difference), and nothing in the block contract."""
     assert results["k_order"]["lse2_p"]
+
+
+def test_token_backward_computes_its_operands_when_not_given(results):
+    assert results["token_fallback"]["equal"], "backward() without delta_sq / lse2_p gave other gradients"
 
 
 def test_e4m3_rounding_is_round_to_nearest_even(results):

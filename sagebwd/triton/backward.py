@@ -38,8 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quant import P_E4M3_LOG2   # a host number here (the kernels' constexprs come from _common)
 from . import registry
-from ._common import (DS_SPAN, LOG2E, P_E4M3_LOG2, P_E4M3_SCALE, empty_in_layout_of, int_to_float, interpreting,
+from ._common import (DS_SPAN, LOG2E, P_E4M3_SCALE, empty_in_layout_of, int_to_float, interpreting,
                       round_scaled_to_int8, saturated_ds_to_int8, tile_scales, to_e4m3, to_k_order)
 from .forward import smooth_q_bias
 from .launch import Tuning, arch_for, launch, launch_settings, overrides

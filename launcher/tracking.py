@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,24 +37,64 @@ def _artifact_root(tracking_uri: str) -> str | None:
     return None
 
 
+STORE_LOCK_WAIT_S = 60.0   # past this, store_lock warns and goes on without the lock
+_held = threading.local()    # sqlite paths this thread holds the lock of (store_lock is re-entrant)
+
+
 @contextmanager
 def store_lock(tracking_uri: str):
     """Hold `<db>.lock` (flock) while this process touches a sqlite store first or finds-or-creates
     in it: MLflow creates and migrates a new store's tables on a client's first request, and two
     processes doing that at once fail ("table experiments already exists", "duplicate column name:
     step": two `experiments run` started side by side on a fresh store), as two find-or-creates of
-    one experiment or grid run would both create. Other stores (servers) need no lock here."""
+    one experiment or grid run would both create. Other stores (servers) need no lock here.
+    Re-entrant within a thread. Never a reason to stop: where the lock file cannot be made (a
+    read-only store, which no one migrates) or is held past STORE_LOCK_WAIT_S (a stopped holder),
+    the caller goes on without it, with a warning in the second case."""
     if not tracking_uri.startswith("sqlite:///"):
         yield
         return
-    db = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{db}.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    db = str(Path(tracking_uri.removeprefix("sqlite:///")).resolve())
+    held = getattr(_held, "paths", None)
+    if held is None:
+        held = _held.paths = set()
+    if db in held:
+        yield
+        return
+    try:
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
+        handle = open(f"{db}.lock", "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        locked = _flock_within(handle, STORE_LOCK_WAIT_S)
+        if not locked:
+            print(f"warning: {db}.lock has been held for {STORE_LOCK_WAIT_S:.0f} s (a stopped process?); "
+                  "going on without it", file=sys.stderr, flush=True)
+        held.add(db)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            held.discard(db)
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _flock_within(handle, seconds: float) -> bool:
+    """An exclusive flock on handle, waiting up to `seconds`; False if it was not had (or the file
+    system has no locks)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        except OSError:   # ENOLCK and the like: a file system without flock
+            return False
 
 
 def mlflow_client(tracking_uri: str):
@@ -69,11 +111,19 @@ def mlflow_client(tracking_uri: str):
 def experiment_id(client, name: str, tracking_uri: str, artifact_location: str | None = None) -> str:
     """The id of MLflow experiment `name`, created if missing (artifacts next to a sqlite store
     unless `artifact_location` says otherwise), under store_lock."""
+    from mlflow.exceptions import MlflowException
+
     with store_lock(tracking_uri):
         found = client.get_experiment_by_name(name)
         if found:
             return found.experiment_id
-        return client.create_experiment(name, artifact_location=artifact_location or _artifact_root(tracking_uri))
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location or _artifact_root(tracking_uri))
+        except MlflowException:   # a server's store (no lock here): another process created it first
+            found = client.get_experiment_by_name(name)
+            if found:
+                return found.experiment_id
+            raise
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:

@@ -196,3 +196,41 @@ def test_grids_started_side_by_side_share_a_fresh_sqlite_store(tmp_path):
     failed = [err.strip().splitlines()[-1] for _, err, rc in results if rc != 0]
     assert not failed, failed
     assert len({out.strip() for out, _, _ in results}) == 1, "the grids made more than one parent run"
+
+
+def test_store_lock_is_reentrant_bounded_and_never_a_reason_to_stop(tmp_path, capsys, monkeypatch):
+    """store_lock (launcher/tracking.py) nests within a thread without waiting on itself; a lock held by a
+    stopped process delays a caller by STORE_LOCK_WAIT_S at most, with a warning; and where the lock file
+    cannot be made (a store nobody can write, which nobody migrates either) the caller goes on without it."""
+    import subprocess
+    import sys
+
+    from launcher import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    start = time.monotonic()
+    with tracking.store_lock(uri):
+        with tracking.store_lock(uri):   # e.g. experiment_id inside a grid's find-or-create
+            pass
+    assert time.monotonic() - start < 1 and "warning" not in capsys.readouterr().err
+
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
+                               f"h = open({str(tmp_path / 'mlflow.db.lock')!r}, 'a')\n"
+                               "fcntl.flock(h, fcntl.LOCK_EX); print('held', flush=True); time.sleep(30)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(tracking, "STORE_LOCK_WAIT_S", 0.3)
+        start = time.monotonic()
+        with tracking.store_lock(uri):
+            pass
+        assert 0.3 <= time.monotonic() - start < 5
+        assert "has been held for 0 s" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with tracking.store_lock(f"sqlite:///{blocked / 'mlflow.db'}"):   # its lock file cannot be made
+        pass

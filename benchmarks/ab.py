@@ -6,8 +6,8 @@ BASE and HEAD are git revisions or directories holding a source tree (HEAD: this
 its uncommitted changes). A revision is extracted with `git archive` into a temporary folder; on a
 machine without the repository's history (the lent GPU) extract it beforehand (`git archive REV |
 tar -x -C DIR`) and pass DIR. Each round runs `python -m benchmarks.attention ARGS --json ...` in
-BASE's tree, then in HEAD's (each tree on its own PYTHONPATH and with its own Triton cache), so that
-both see the same machine, clocks and neighbours; the rounds alternate to expose drift. ARGS are the
+each tree (on its own PYTHONPATH, with its own Triton cache), BASE first in odd rounds and HEAD first in
+even ones, so that both see the same machine, clocks and neighbours and neither always runs second. ARGS are the
 benchmark's own (`--no-bench --quant token --kernel-times --kernel-shapes 8,16,4096,64`, or the
 fwd+bwd table's `--quant token --baselines CUDNN`).
 
@@ -61,7 +61,7 @@ def measurements(result: dict) -> dict[str, float]:
     for r in result.get("kernel_times", []):
         where = f"{r['impl']} {tuple(r['shape'])} {'causal' if r['causal'] else 'full'}"
         for kernel, ms in r["ms"].items():
-            out[f"{where} {kernel[:48]}"] = ms
+            out[f"{where} {kernel}"] = ms
     for r in result.get("bench", []):
         where = f"{tuple(r['shape'])} {'causal' if r['causal'] else 'full'} {r['mode']}"
         for impl, cell in r.items():
@@ -73,6 +73,9 @@ def measurements(result: dict) -> dict[str, float]:
 def compare(base_runs: list[dict[str, float]], head_runs: list[dict[str, float]]) -> list[dict]:
     """Rows present in every run of both trees: the times per round, and HEAD's change of the mean."""
     names = [n for n in base_runs[0] if all(n in r for r in base_runs + head_runs)]
+    dropped = sorted({n for r in base_runs + head_runs for n in r} - set(names))
+    if dropped:   # a kernel renamed, added or removed by the change, or a run that timed less
+        print("[ab] not in every run, left out: " + "; ".join(dropped), flush=True)
     rows = []
     for name in names:
         base = [r[name] for r in base_runs]
@@ -117,7 +120,7 @@ def main(argv=None) -> int:
                  "head": source_tree(args.head, work, "head") if args.head else REPO}
         runs: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
         for i in range(1, args.rounds + 1):
-            for label, tree in trees.items():
+            for label, tree in (trees.items() if i % 2 else reversed(trees.items())):
                 print(f"[ab] round {i}/{args.rounds}: {label} ({tree})", flush=True)
                 result = run_benchmark(tree, bench_args, work / f"{label}-{i}.json", args.module,
                                        work / f"triton-cache-{label}")

@@ -43,7 +43,9 @@ def test_alternates_the_trees_and_reports_heads_change(tmp_path, capsys):
                  "--", "--no-bench", "--kernel-times"])
     assert code == 0
     printed = capsys.readouterr().out
-    assert printed.index("round 1/2: base") < printed.index("round 1/2: head") < printed.index("round 2/2: base")
+    # base first in odd rounds, head first in even ones
+    assert printed.index("round 1/2: base") < printed.index("round 1/2: head") < printed.index("round 2/2: head") \
+        < printed.index("round 2/2: base")
     for d in (base, head):   # each tree ran twice, with the benchmark's arguments and its own --json
         runs = (d / "LOG").read_text().splitlines()
         assert len(runs) == 2 and all(r.startswith("--no-bench --kernel-times --json ") for r in runs)
@@ -73,9 +75,10 @@ def test_a_revision_is_extracted_with_git_archive(tmp_path):
         source_tree("no-such-revision-xyz", tmp_path, "bad")
 
 
-def test_compare_keeps_only_rows_every_run_has():
-    rows = compare([{"a": 1.0, "b": 2.0}], [{"a": 0.5}])
+def test_compare_keeps_only_rows_every_run_has(capsys):
+    rows = compare([{"a": 1.0, "b": 2.0}], [{"a": 0.5, "c": 1.0}])
     assert [r["name"] for r in rows] == ["a"] and rows[0]["change"] == pytest.approx(-0.5)
+    assert "not in every run, left out: b; c" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv,message", [

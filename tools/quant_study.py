@@ -58,7 +58,7 @@ import sys
 import torch
 
 from sagebwd.fpa import fpa_attention
-from sagebwd.quant import QMAX, quantize_groups, quantize_row_blocks
+from sagebwd.quant import QMAX, dequantize_groups, quantize_groups, quantize_row_blocks
 from sagebwd.simulate import SageConfig, backward, compute_dtype, forward, forward_quantized, scores, smooth
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS
@@ -176,10 +176,11 @@ def _quantized_sum_output(saved, cfg: SageConfig):
     return o.to(saved.v.dtype), row_max.squeeze(-1) + torch.log(l)
 
 
-def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> torch.Tensor:
-    """dQ with K^ quantised per channel over the whole sequence (one scale c_d per head and channel,
-    after K-smoothing) instead of per token: dS then needs no s_K folded in, X = dS is quantised per
-    (q token, kv tile) as the contract's X is, and c_d scales dQ's columns once at the end."""
+def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dQ, dS as it consumes it) with K^ quantised per channel over the whole sequence (one scale c_d
+    per head and channel, after K-smoothing) instead of per token: dS then needs no s_K folded in,
+    X = dS is quantised per (q token, kv tile) as the contract's X is, and c_d scales dQ's columns
+    once at the end."""
     b, h, n, d = saved.v.shape
     tn, bk = n // cfg.block_kv, cfg.block_kv
     ct = compute_dtype(q.dtype)
@@ -189,7 +190,7 @@ def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> torch.Tensor:
     kc_hat, c = quantize_groups(k_sm, n, -2, cfg.quantize)                  # c (B,H,1,D)
     xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tn, bk), kc_hat.reshape(b, h, tn, bk, d))
     dq = (xk * s_x[..., None]).sum(dim=-2) * c / math.sqrt(d)
-    return dq.to(saved.v.dtype)
+    return dq.to(saved.v.dtype), dequantize_groups(x_hat, s_x, bk, -1)
 
 
 def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, torch.Tensor]]:
@@ -218,7 +219,8 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
             (dq_g, dk_g, dv_g), inter_g = backward(saved_g, do, cfg, return_intermediates=True)
             out[name] = {"o": o_g, "dq": dq_g, "dk": dk_g, "dv": dv_g, "ds": inter_g.ds}
         elif name == "kc":
-            out[name] = {**base, "dq": _channel_k_dq(saved, inter, q, k, cfg)}
+            dq_kc, ds_kc = _channel_k_dq(saved, inter, q, k, cfg)
+            out[name] = {**base, "dq": dq_kc, "ds": ds_kc}
         elif name in ("e", "f", "fK"):
             ct = compute_dtype(q.dtype)
             q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)

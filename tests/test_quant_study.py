@@ -2,11 +2,10 @@
 import pytest
 import torch
 
-from sagebwd.quant import quantize_groups
+from sagebwd.quant import quantize_groups, round_to_e4m3 as fp8_e4m3
 from sagebwd.simulate import SageConfig
 from sagebwd.trace import gaussian_inputs, sigma_sweep
-from tools.quant_study import (COLUMNS, DEFAULT_VARIANTS, fp8_e4m3, main, quantize_interleaved, run_variants,
-                               study)
+from tools.quant_study import COLUMNS, DEFAULT_VARIANTS, main, quantize_interleaved, run_variants, study
 
 TINY = dict(seq=128, head_dim=64, causal=True, block_q=32, block_kv=16)
 

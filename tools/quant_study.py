@@ -58,7 +58,7 @@ import sys
 import torch
 
 from sagebwd.fpa import fpa_attention
-from sagebwd.quant import QMAX, dequantize_groups, quantize_groups, quantize_row_blocks
+from sagebwd.quant import E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks, round_to_e4m3
 from sagebwd.simulate import SageConfig, backward, compute_dtype, forward, forward_quantized, scores, smooth
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS
@@ -80,19 +80,11 @@ VARIANTS = {
 DEFAULT_VARIANTS = ["a", "i8", "b", "c", "d", "e", "f"]
 COLUMNS = ("o", "dq", "dk", "dv", "ds")
 LABELS = {"o": "O", "dq": "dQ", "dk": "dK", "dv": "dV", "ds": "dS"}
-FP8_MAX = 448.0   # largest finite float8_e4m3fn
-
-
-def fp8_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """x rounded to float8 e4m3fn (nearest even, subnormals kept), in x's dtype."""
-    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype)
-
-
 def fp8_fake_quant(x: torch.Tensor, reduce_dims: tuple[int, ...]) -> torch.Tensor:
     """Dequantised FP8 of x with an amax scale (amax / 448) per group over reduce_dims."""
     amax = x.abs().amax(dim=reduce_dims, keepdim=True)
     safe = torch.where(amax > 0, amax, torch.ones_like(amax))
-    return fp8_e4m3(x * (FP8_MAX / safe)) * (safe / FP8_MAX)
+    return round_to_e4m3(x * (E4M3_MAX / safe)) * (safe / E4M3_MAX)
 
 
 def quantize_interleaved(x: torch.Tensor, block: int, period: int = 8, run: int = 2):
@@ -120,7 +112,7 @@ def _fp8_dv(saved, do: torch.Tensor, cfg: SageConfig, do_per_token: bool = False
     b, h, n, d = saved.v.shape
     p8 = _backward_p(saved, cfg).double()
     if fp8_p:
-        p8 = fp8_e4m3(p8 * FP8_MAX) / FP8_MAX                                   # static scale: no maximum
+        p8 = round_to_e4m3(p8 * E4M3_MAX) / E4M3_MAX                      # static scale: no maximum
     do8 = do.double()
     if fp8_do:
         do_blocks = do8.reshape(b, h, n // cfg.block_q, cfg.block_q, d)
@@ -148,7 +140,7 @@ def _fp8_pv_output(saved, cfg: SageConfig) -> torch.Tensor:
     s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, sm_scale).double()
     s_tiles = s.reshape(b, h, n, tn, bk)
     m_run = s_tiles.amax(dim=-1).cummax(dim=-1).values      # finite: kv tile 0 is never fully masked
-    p8 = fp8_e4m3(torch.exp(s_tiles - m_run.unsqueeze(-1)) * FP8_MAX) / FP8_MAX
+    p8 = round_to_e4m3(torch.exp(s_tiles - m_run.unsqueeze(-1)) * E4M3_MAX) / E4M3_MAX
     v8 = fp8_fake_quant(saved.v.double(), (-2,))             # per channel over the whole sequence
     w = torch.exp(m_run - saved.lse.double().unsqueeze(-1))  # exp(m_j - m) / l, l from unquantised P~
     o = torch.einsum("bhntk,bhtkd->bhnd", p8 * w.unsqueeze(-1), v8.reshape(b, h, tn, bk, d))

@@ -117,13 +117,12 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, D
                 + offs_n[:, None] * stride_on + offs_d[None, :] * stride_od).to(tl.float32)
     delta = tl.sum(do * o, axis=1)
     tl.store(DELTA + bh * N + offs_n, delta)
-    if TOKEN:
-        tl.store(DELTA_SQ + bh * N + offs_n, delta * tl.load(SQ + bh * N + offs_n))
     lse2 = tl.load(LSE + bh * N + offs_n) * LOG2E
     tl.store(LSE2 + bh * N + offs_n, lse2)
     if TOKEN:
+        tl.store(DELTA_SQ + bh * N + offs_n, delta * tl.load(SQ + bh * N + offs_n))
         tl.store(LSE2_P + bh * N + offs_n, lse2 - P_E4M3_LOG2)
-    if TOKEN:   # FP8 e4m3 for dV = P^T dO: scale amax / 448 (sagebwd.quant.quantize_row_blocks_e4m3)
+        # FP8 e4m3 for dV = P^T dO: scale amax / 448 (sagebwd.quant.quantize_row_blocks_e4m3)
         amax = tl.max(tl.max(tl.abs(do), axis=1), axis=0)
         scale = tl.math.div_rn(amax, E4M3_MAX)
         inv = tl.where(amax >= MIN_AMAX, tl.math.div_rn(E4M3_MAX, tl.maximum(amax, MIN_AMAX)), 0.0)

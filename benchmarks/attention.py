@@ -81,12 +81,13 @@ def flops(shape, causal: bool, mode: str) -> float:
 
 def host_ms(step, leaves=(), n: int = 20, repeats: int = 1) -> float:
     """Host (CPU) milliseconds to issue one call of step: each call starts on an idle GPU
-    (synchronised before, not after) and is timed until it returns, the least over `repeats` of the
-    mean of n calls. Back to back, a GPU slower than the host fills the launch queue and the host
-    then waits inside the launches, counting the GPU's time as its own (tools.host_profile times
-    the same way). Near or above the GPU time the call is launch-bound: the GPU idles between
+    (synchronised before, not after; without CUDA there is nothing to wait for) and is timed until
+    it returns, the least over `repeats` of the mean of n calls. Back to back, a GPU slower than
+    the host fills the launch queue and the host then waits inside the launches, counting the GPU's
+    time as its own (tools.host_profile times the same way). Near or above the GPU time the call is launch-bound: the GPU idles between
     kernels, and timings swing with the host's speed (the d=128 fwd+bwd rows that once read 2x
     their kernels' sum)."""
+    synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(3):
         step()
     best = float("inf")
@@ -95,12 +96,12 @@ def host_ms(step, leaves=(), n: int = 20, repeats: int = 1) -> float:
         for _ in range(n):
             for t in leaves:
                 t.grad = None
-            torch.cuda.synchronize()
+            synchronize()
             start = time.perf_counter()
             step()
             spent += time.perf_counter() - start
         best = min(best, spent / n * 1e3)
-    torch.cuda.synchronize()
+    synchronize()
     return best
 
 

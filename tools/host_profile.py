@@ -153,48 +153,32 @@ def breakdown(shape, quant: str, calls: int) -> dict[str, float]:
 
 
 def cpu_breakdown(shape, quant: str, calls: int) -> dict[str, float]:
-    """CPU: host ms per causal fwd+bwd (autograd.grad) of the op's two autograd paths, with the sm90
-    kernels chosen and Triton's launcher stubbed out (JITFunction.run does nothing; the K mean is
+    """CPU: host ms per causal fwd+bwd (_fwd_bwd: the gradients dropped) of the op's autograd paths,
+    with the sm90 kernels chosen and Triton's launcher stubbed out (JITFunction.run does nothing; the K mean is
     computed once): the eager autograd.Function, the registered custom ops (what torch.compile's graph
     calls), and those under torch.compile with the aot_eager backend (AOTAutograd's runtime wrappers,
     no code generation). Their differences are the custom ops' dispatch and the compiled wrappers'."""
     from triton.runtime.jit import JITFunction
 
+    from benchmarks.attention import host_ms
     from sagebwd.triton import attention as eager_op
     from sagebwd.triton import ops, quantize, registry
     q, k, v, do = [torch.randn(*shape).to(torch.bfloat16) for _ in range(4)]
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     k_mean = quantize.sequence_mean(k.detach())
     token = quant == "token"
-
-    def grads(attention):
-        def call():
-            torch.autograd.grad(attention(q, k, v), (q, k, v), do)
-        return call
-
-    paths = {"eager path (autograd.Function)": grads(lambda q, k, v: eager_op(q, k, v, True, True, False, 128, 64,
-                                                                             quant)),
+    eager = lambda q, k, v: eager_op(q, k, v, True, True, False, 128, 64, quant)   # noqa: E731
+    paths = {"eager path (autograd.Function)": eager,
              "the custom ops (torch.compile's graph calls them)":
-                 grads(lambda q, k, v: ops._forward_op(q, k, v, True, True, False, 128, 64, token, True,
-                                                       "default")[0]),
-             "torch.compile(backend='aot_eager') of the public op":
-                 grads(torch.compile(lambda q, k, v: eager_op(q, k, v, True, True, False, 128, 64, quant),
-                                     backend="aot_eager", fullgraph=True))}
-    out = {}
+                 lambda q, k, v: ops._forward_op(q, k, v, True, True, False, 128, 64, token, True, "default")[0],
+             "torch.compile(backend='aot_eager') of the public op": torch.compile(eager, backend="aot_eager",
+                                                                                  fullgraph=True)}
     with mock.patch.object(JITFunction, "run", lambda self, *args, **kwargs: None), \
             mock.patch.object(registry, "arch_of", lambda device: "sm90"), \
             mock.patch.object(quantize, "sequence_mean", lambda _: k_mean):
-        for name, call in paths.items():
-            for _ in range(3):   # compilation, caches
-                call()
-            best = float("inf")
-            for _ in range(5):   # the least of five means: the host's other load only adds
-                start = time.perf_counter()
-                for _ in range(calls):
-                    call()
-                best = min(best, (time.perf_counter() - start) / calls * 1e3)
-            out[name] = best
-    return out
+        # the least of five means: the host's other load only adds
+        return {name: host_ms(_fwd_bwd(attention, q, k, v, do), n=calls, repeats=5)
+                for name, attention in paths.items()}
 
 
 def call_recorded(shape, quant: str):
@@ -234,14 +218,8 @@ def profile(shape, quant: str, calls: int, top: int) -> dict:
     launches = None
     for _ in range(3):   # compiled kernels, allocator and descriptor caches warm
         launches = call()
-    if gpu:
-        from benchmarks.attention import host_ms
-        host = host_ms(call, n=calls)
-    else:
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        host = (time.perf_counter() - start) / calls * 1e3
+    from benchmarks.attention import host_ms
+    host = host_ms(call, n=calls)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):

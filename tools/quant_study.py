@@ -312,7 +312,8 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"seq": args.seq, "head_dim": args.head_dim, "causal": args.causal, "seeds": args.seeds,
-                       "heads": args.heads, "k_outliers": args.k_outliers, "variants": {n: VARIANTS[n] for n in args.variants},
+                       "heads": args.heads, "k_outliers": args.k_outliers,
+                       "variants": {n: VARIANTS[n] for n in args.variants},
                        "rel_l2": {n: {str(s): r for s, r in rows.items()} for n, rows in results.items()}}, f, indent=2)
         print(f"wrote {args.json}")
     return 0

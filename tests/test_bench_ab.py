@@ -94,3 +94,11 @@ def test_bad_arguments_are_refused(argv, message, capsys):
 def test_cli_runs_as_a_module():
     out = subprocess.run([sys.executable, "-m", "benchmarks.ab", "--help"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0 and "git revisions or directories" in out.stdout
+
+
+def test_a_failing_benchmark_is_reported_with_its_tree_and_output(tmp_path):
+    base = tree(tmp_path, "base", 1.0)
+    (base / "TIMES").write_text("not a number")   # the stand-in then fails with a ValueError
+    with pytest.raises(SystemExit, match=r"(?s)the benchmark failed in .*base \(exit 1\).*ValueError"):
+        main([str(base), "--head", str(tree(tmp_path, "head", 1.0)), "--module", "standin_bench", "--",
+              "--kernel-times"])

@@ -292,3 +292,40 @@ def test_backward_allocates_only_the_gradients_and_the_quantised_do(layout):
     bf16, int8 = q.numel() * 2, q.numel()
     assert extra <= 3 * bf16 + 2 * int8, f"the backward allocated {extra / 2**20:.1f} MiB"
     assert all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+@pytest.mark.parametrize("quant", ["block", "token"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_direct_launches_match_the_jit_launches(quant, head_dim, monkeypatch):
+    """launch() runs a kernel compiled for an earlier launch of the same signature without Triton's
+    JITFunction.run: a second fwd+bwd must launch none through it and give the first's bits; a tensor
+    that is not 16-byte aligned is a new signature, so its launches go through Triton again."""
+    from triton.runtime.jit import JITFunction
+
+    from sagebwd.triton import attention, launch
+    launch._COMPILED.clear()
+    jit_runs = []
+    run = JITFunction.run
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, **k: jit_runs.append(self) or run(self, *a, **k))
+
+    def fwd_bwd(q, k, v, do):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        o = attention(q, k, v, True, True, False, 128, 64, quant)
+        o.backward(do)
+        return [t.clone() for t in (o, q.grad, k.grad, v.grad)]
+
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(1, 4, 1024, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    first = fwd_bwd(q, k, v, do)
+    assert jit_runs and len(launch._COMPILED) == len(jit_runs)   # each launch of a fwd+bwd its own signature
+    jit_runs.clear()
+    second = fwd_bwd(q, k, v, do)
+    assert jit_runs == [], f"launched through JITFunction.run again: {[k.fn.__name__ for k in jit_runs]}"
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    v_unaligned = torch.empty(v.numel() + 1, device="cuda", dtype=v.dtype)[1:].view(v.shape)   # 2 bytes past 16
+    v_unaligned.copy_(v)
+    third = fwd_bwd(q, k, v_unaligned, do)
+    assert jit_runs, "an unaligned v reused a kernel compiled for aligned tensors"
+    for a, b in zip(first, third):
+        assert torch.equal(a, b)

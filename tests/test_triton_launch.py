@@ -141,3 +141,50 @@ def test_dq_add_bench_says_it_needs_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert dq_add_bench.main() == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def _misaligned(t):
+    """t's values at an address one element past a 16-byte boundary (what an offset view hands a kernel)."""
+    import torch
+    out = torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def test_a_launch_signature_is_at_least_as_fine_as_tritons_specialisation():
+    """launch() runs the kernel compiled for an earlier launch of the same launch_signature without asking
+    Triton, so two launches Triton would compile differently must never share a signature: every
+    launch of every kernel of both contracts, and variants of each (tensors one element off 16-byte
+    alignment, integers 1, 17 and past 32 bits), against JITFunction's own binder for sm_90."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import compute_cache_key, create_function_from_signature
+
+    import torch
+    from tools.offline import record_launches
+    backend = make_backend(GPUTarget("cuda", 90, 128))
+    binders, triton_key_of = {}, {}
+    for d in (64, 128):
+        for quant in ("block", "token"):
+            for causal in (True, False):
+                for kernels in ("default", "triton"):
+                    for name, kernel, args, kwargs in record_launches((1, 2, 256, d), causal=causal, quant=quant,
+                                                                      kernels=kernels):
+                        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel()]
+                        ints = [i for i, a in enumerate(args) if type(a) is int]
+                        variants = [args]
+                        for i in tensors[:3]:
+                            variants.append(args[:i] + (_misaligned(args[i]),) + args[i + 1:])
+                        for i in ints:
+                            variants += [args[:i] + (v,) + args[i + 1:] for v in (1, 17, 2**32 + 16)]
+                        if kernel not in binders:
+                            binders[kernel] = create_function_from_signature(kernel.signature, kernel.params, backend)
+                        for variant in variants:
+                            _, specialization, options = binders[kernel](*variant, **kwargs)
+                            triton_key = compute_cache_key({}, specialization, options)
+                            signature = launch.launch_signature(kernel, variant, kwargs, 0)
+                            assert signature is not None, f"{name}: a launch the direct path cannot key"
+                            assert triton_key_of.setdefault(signature, triton_key) == triton_key, \
+                                f"{name}: one launch signature for two of Triton's specialisations"
+    assert len(set(triton_key_of.values())) > 100   # the variants did specialise differently
+    assert launch.launch_signature(binders and next(iter(binders)), (object(),), {}, 0) is None

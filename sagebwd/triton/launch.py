@@ -48,14 +48,14 @@ _FITTED_STAGES: dict = {}
 _COMPILED: dict = {}
 
 
-def _descriptor_types() -> tuple:
+def _descriptor_types() -> frozenset:
     types = []
     for module in ("triton.experimental.gluon.nvidia.hopper", "triton.tools.tensor_descriptor"):
         try:
             types.append(__import__(module, fromlist=["TensorDescriptor"]).TensorDescriptor)
         except (ImportError, AttributeError):
             pass
-    return tuple(types)
+    return frozenset(types)
 
 
 _DESCRIPTORS = _descriptor_types()
@@ -69,26 +69,26 @@ def launch_signature(kernel, args, kwargs, device: int) -> tuple | None:
     of another kind: such a launch always goes through JITFunction.run. Two launches with one signature
     run the same compiled kernel (tests/test_triton_launch.py checks this against Triton's own binder)."""
     key = [kernel, device]
+    append = key.append
     for a in args:
         t = type(a)
         if t is int:
-            key.append((a == 1) | (a & 15 == 0) << 1 | (-2**31 <= a < 2**31) << 2 | (a >= 2**63) << 3)
+            append((a == 1) | (a & 15 == 0) << 1 | (-2**31 <= a < 2**31) << 2 | (a >= 2**63) << 3)
+        elif t is torch.Tensor:
+            append((a.dtype, a.data_ptr() & 15 == 0))
+        elif t in _DESCRIPTORS:   # shape, strides and box have the tensor's rank: flattened, they stay apart
+            base = a.base
+            append((t, base.dtype, base.data_ptr() & 15 == 0, *a.shape, *a.strides, *a.block_shape, a.layout,
+                    a.padding, getattr(a, "round_f32_to_tf32", None)))
         elif t is float:
-            key.append(float)
+            append(float)
         elif t is bool or a is None:
-            key.append(a)
-        elif isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.data_ptr() & 15 == 0))
-        elif isinstance(a, _DESCRIPTORS):
-            key.append((t, a.base.dtype, a.base.data_ptr() & 15 == 0, tuple(a.shape), tuple(a.strides),
-                        tuple(a.block_shape), a.layout, a.padding, getattr(a, "round_f32_to_tf32", None)))
+            append(a)
+        elif isinstance(a, torch.Tensor):   # a subclass (nn.Parameter)
+            append((a.dtype, a.data_ptr() & 15 == 0))
         else:
             return None
-    key.append(tuple(kwargs.items()))
-    try:
-        hash(tuple(key))
-    except TypeError:
-        return None
+    append(tuple(kwargs.items()))
     return tuple(key)
 
 
@@ -117,7 +117,10 @@ def launch(name: str, kernel, grid, *args, tuning: Tuning | None = None, **kwarg
         return None
     direct = isinstance(kernel, JITFunction) and not interpreting()
     signature = launch_signature(kernel, args, kwargs, torch.cuda.current_device()) if direct else None
-    known = _COMPILED.get(signature) if signature is not None else None
+    try:
+        known = _COMPILED.get(signature) if signature is not None else None
+    except TypeError:   # a keyword argument that cannot be hashed
+        signature = known = None
     if known is not None:
         compiled, tail = known
         compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *tail)

@@ -108,8 +108,9 @@ def launch(name: str, kernel, grid, *args, tuning: Tuning | None = None, **kwarg
 
     A launch whose signature (launch_signature) has run before goes to the compiled kernel directly
     (CompiledKernel[grid]), as Inductor's launchers do: JITFunction.run binds and specialises every
-    argument and looks up its cache on each call, 28-62 us of host time per launch on an H100's host,
-    ~0.2 ms per forward + backward (docs/benchmarks.md, "Launching compiled kernels directly")."""
+    argument and looks up its cache on each call, 69-107 us a launch on an H100's host, which a training
+    step in the default compile mode waits for (docs/benchmarks.md, "Launching compiled kernels
+    directly"). One entry per signature: a handful per shape a run uses; no tensor is kept."""
     from triton.runtime.errors import OutOfResources
     from triton.runtime.jit import JITFunction
     if tuning is not None and tuning.recorded is not None:

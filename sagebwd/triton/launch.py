@@ -65,7 +65,7 @@ def launch_signature(kernel, args, kwargs, device: int) -> tuple | None:
     """What JITFunction.run specialises a launch on, at least as finely, in cheap Python: per tensor its
     dtype and 16-byte alignment; per integer whether it is 1, a multiple of 16, 32-bit or unsigned 64-bit;
     per TMA descriptor its tensor's dtype and alignment, shape, strides, box and layout; the keyword
-    arguments (constexprs and compiler options) as given; the CUDA device. None for an argument
+    arguments (constexprs and compiler options) as given, with their types; the CUDA device. None for an argument
     of another kind: such a launch always goes through JITFunction.run. Two launches with one signature
     run the same compiled kernel (tests/test_triton_launch.py checks this against Triton's own binder)."""
     key = [kernel, device]
@@ -89,6 +89,7 @@ def launch_signature(kernel, args, kwargs, device: int) -> tuple | None:
         else:
             return None
     append(tuple(kwargs.items()))
+    append(tuple(map(type, kwargs.values())))   # constexprs True and 1 compare equal; Triton compiles them apart
     return tuple(key)
 
 
@@ -116,7 +117,7 @@ def launch(name: str, kernel, grid, *args, tuning: Tuning | None = None, **kwarg
     if tuning is not None and tuning.recorded is not None:
         tuning.recorded.append((name, kernel, args, kwargs))
         return None
-    direct = isinstance(kernel, JITFunction) and not interpreting()
+    direct = isinstance(kernel, JITFunction) and not callable(grid) and not interpreting()
     signature = launch_signature(kernel, args, kwargs, torch.cuda.current_device()) if direct else None
     try:
         known = _COMPILED.get(signature) if signature is not None else None

@@ -39,3 +39,14 @@ def test_bad_arguments_say_what_to_fix(argv, message, capsys):
     with pytest.raises(SystemExit):
         host_profile.main(argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_launch_costs_name_every_launch_and_none_goes_through_the_jit():
+    """On CUDA, after warm-up every launch of a fwd+bwd is timed by its name and goes to its compiled kernel
+    directly: no JITFunction.run row (launch.launch's direct path)."""
+    costs = host_profile.launch_costs((1, 2, 256, 64), "token", calls=3)
+    for name in ("quantize", "forward", "backward_preprocess", "dq", "dkdv"):
+        assert costs[f"launch {name}"] > 0
+    assert costs["launch signatures (launch.launch_signature)"] > 0
+    assert not [name for name in costs if name.startswith("JITFunction.run")], costs

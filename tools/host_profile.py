@@ -113,14 +113,16 @@ def breakdown_calls(shape, quant: str) -> dict:
 
 
 def launch_costs(shape, quant: str, calls: int) -> dict[str, float]:
-    """Host us per fwd+bwd spent in each kernel's Triton launch (JITFunction.run: argument binding and
-    specialisation, the cache lookup, TMA descriptor encoding, the driver call) and in building the
-    Gluon kernels' TMA descriptors (hopper.desc), timed without a profiler in the public op's calls."""
+    """Host us per fwd+bwd spent in each kernel's launch (launch.launch: its signature, then the compiled
+    kernel's launcher: TMA descriptor encoding and the driver call), in the signatures alone
+    (launch.launch_signature), in any launch that still goes through JITFunction.run (argument binding
+    and specialisation, the cache lookup; a signature's first launch), and in building the Gluon kernels'
+    TMA descriptors (hopper.desc), timed without a profiler in the public op's calls."""
     from unittest import mock
 
     from triton.runtime.jit import JITFunction
 
-    from sagebwd.triton import hopper
+    from sagebwd.triton import backward, forward, hopper, launch, quantize
     spent: dict[str, float] = {}
 
     def timed(name_of, fn):
@@ -136,12 +138,24 @@ def launch_costs(shape, quant: str, calls: int) -> dict[str, float]:
     call = call_on_gpu(shape, quant)
     for _ in range(3):
         call()
-    with mock.patch.object(JITFunction, "run", timed(lambda args: f"launch {args[0].fn.__name__}", JITFunction.run)), \
-            mock.patch.object(hopper, "desc", timed(lambda args: "TMA descriptors (hopper.desc)", hopper.desc)):
+    patches = [mock.patch.object(module, "launch", timed(lambda args: f"launch {args[0]}", launch.launch))
+               for module in (forward, backward, quantize, hopper)]   # each calls the name it imported
+    patches += [mock.patch.object(JITFunction, "run", timed(lambda args: f"JITFunction.run {args[0].fn.__name__}",
+                                                            JITFunction.run)),
+                mock.patch.object(launch, "launch_signature",
+                                  timed(lambda args: "launch signatures (launch.launch_signature)",
+                                        launch.launch_signature)),
+                mock.patch.object(hopper, "desc", timed(lambda args: "TMA descriptors (hopper.desc)", hopper.desc))]
+    for patch in patches:
+        patch.start()
+    try:
         for _ in range(calls):
             torch.cuda.synchronize()   # an idle GPU: no launch waits for room in the queue (as host_ms)
             call()
         torch.cuda.synchronize()
+    finally:
+        for patch in patches:
+            patch.stop()
     return {name: s / calls * 1e6 for name, s in spent.items()}
 
 
@@ -154,7 +168,8 @@ def breakdown(shape, quant: str, calls: int) -> dict[str, float]:
 
 def cpu_breakdown(shape, quant: str, calls: int) -> dict[str, float]:
     """CPU: host ms per causal fwd+bwd (_fwd_bwd: the gradients dropped) of the op's autograd paths,
-    with the sm90 kernels chosen and Triton's launcher stubbed out (JITFunction.run does nothing; the K mean is
+    with the sm90 kernels chosen and Triton's launcher stubbed out (JITFunction.run does nothing, so each
+    launch computes its signature and goes to the stub, as a signature's first launch would; the K mean is
     computed once): the eager autograd.Function, the registered custom ops (what torch.compile's graph
     calls), and those under torch.compile with the aot_eager backend (AOTAutograd's runtime wrappers,
     no code generation). Their differences are the custom ops' dispatch and the compiled wrappers'."""
@@ -174,6 +189,7 @@ def cpu_breakdown(shape, quant: str, calls: int) -> dict[str, float]:
              "torch.compile(backend='aot_eager') of the public op": torch.compile(eager, backend="aot_eager",
                                                                                   fullgraph=True)}
     with mock.patch.object(JITFunction, "run", lambda self, *args, **kwargs: None), \
+            mock.patch.object(torch.cuda, "current_device", lambda: 0), \
             mock.patch.object(registry, "arch_of", lambda device: "sm90"), \
             mock.patch.object(quantize, "sequence_mean", lambda _: k_mean):
         # the least of five means: the host's other load only adds

@@ -164,11 +164,11 @@ def test_a_launch_signature_is_at_least_as_fine_as_tritons_specialisation():
     from tools.offline import record_launches
     backend = make_backend(GPUTarget("cuda", 90, 128))
     binders, triton_key_of = {}, {}
-    for d in (64, 128):
+    for n, d in ((256, 64), (256, 128), (512, 64), (512, 128)):   # two lengths: other descriptor shapes
         for quant in ("block", "token"):
             for causal in (True, False):
                 for kernels in ("default", "triton"):
-                    for name, kernel, args, kwargs in record_launches((1, 2, 256, d), causal=causal, quant=quant,
+                    for name, kernel, args, kwargs in record_launches((1, 2, n, d), causal=causal, quant=quant,
                                                                       kernels=kernels):
                         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel()]
                         ints = [i for i, a in enumerate(args) if type(a) is int]
@@ -191,3 +191,25 @@ def test_a_launch_signature_is_at_least_as_fine_as_tritons_specialisation():
     signature_of = lambda value: launch.launch_signature(kernel, (), {"CAUSAL": value}, 0)  # noqa: E731
     assert signature_of(True) != signature_of(1)
     assert launch.launch_signature(binders and next(iter(binders)), (object(),), {}, 0) is None
+
+
+@triton.jit
+def _standin_kernel(X, n, N: triton.language.constexpr, SCALE: triton.language.constexpr = 1.0):
+    pass
+
+
+def test_a_launch_signature_keys_constexprs_by_value_and_refuses_what_it_cannot():
+    """A constexpr passed by position is keyed by its value (N=64 and N=128 are two kernels), a float
+    constexpr (Triton tells -0.0 from 0.0) and an argument of an unknown kind take JITFunction.run (None),
+    and a triton.tools TensorDescriptor, which has no layout, is keyed without one."""
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x = torch.zeros(64, 64)
+    sig = lambda *args, **kwargs: launch.launch_signature(_standin_kernel, args, kwargs, 0)  # noqa: E731
+    assert sig(x, 3, 64) != sig(x, 3, 128)
+    assert sig(x, 3, 64) == sig(x, 5, 64)                      # a runtime int: by its flags only
+    assert sig(x, 3, N=64) != sig(x, 3, N=True)
+    assert sig(x, 3, 64, 0.5) is None and sig(x, 3, 64, SCALE=-0.0) is None
+    assert sig(x, 3, object()) is None and sig([x], 3, 64) is None
+    assert sig(TensorDescriptor.from_tensor(x, [16, 16]), 3, 64) is not None

@@ -43,9 +43,12 @@ class Tuning:
 _FITTED_STAGES: dict = {}
 
 
-# Compiled kernels by launch signature (launch_signature), each with the values of its parameters after the
-# positional arguments: what a repeated launch needs to skip JITFunction.run.
+# Compiled kernels by launch signature (launch_signature): (kernel, compiled kernel, the values of its parameters
+# after the positional arguments), what a repeated launch needs to skip JITFunction.run.
 _COMPILED: dict = {}
+# Constexpr values keyed exactly by (type, value) only for these types (a float's == would take -0.0 for 0.0,
+# which Triton's key, by str, tells apart); a launch with another constexpr type goes through JITFunction.run.
+_EXACT_TYPES = frozenset((int, bool, str, type(None)))
 
 
 def _descriptor_types() -> frozenset:
@@ -59,16 +62,32 @@ def _descriptor_types() -> frozenset:
 
 
 _DESCRIPTORS = _descriptor_types()
+_CONSTEXPR_POSITIONS: dict = {}   # id(kernel) -> indices of its constexpr parameters
+
+
+def _constexpr_positions(kernel) -> tuple:
+    positions = _CONSTEXPR_POSITIONS.get(id(kernel))
+    if positions is None:
+        positions = _CONSTEXPR_POSITIONS[id(kernel)] = tuple(i for i, p in enumerate(kernel.params) if p.is_constexpr)
+    return positions
+
+
+def _compile_settings() -> tuple:
+    """What JITFunction.run reads from Triton's knobs into its cache key, besides the arguments."""
+    from triton import knobs
+    return (knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+            getattr(knobs.runtime, "add_stages_inspection_hook", None))
 
 
 def launch_signature(kernel, args, kwargs, device: int) -> tuple | None:
     """What JITFunction.run specialises a launch on, at least as finely, in cheap Python: per tensor its
     dtype and 16-byte alignment; per integer whether it is 1, a multiple of 16, 32-bit or unsigned 64-bit;
-    per TMA descriptor its tensor's dtype and alignment, shape, strides, box and layout; the keyword
-    arguments (constexprs and compiler options) as given, with their types; the CUDA device. None for an argument
-    of another kind: such a launch always goes through JITFunction.run. Two launches with one signature
-    run the same compiled kernel (tests/test_triton_launch.py checks this against Triton's own binder)."""
-    key = [kernel, device]
+    per TMA descriptor its tensor's dtype and alignment, box and layout (the launcher encodes its shape
+    and strides on every call); constexprs, positional or keyword, and compiler options by type and value;
+    the knobs Triton's key reads; the CUDA device. None where an argument or a constexpr is of another
+    kind: such a launch always goes through JITFunction.run. Two launches with one signature run the same
+    compiled kernel (tests/test_triton_launch.py checks this against Triton's own binder)."""
+    key = [id(kernel), device, _compile_settings()]
     append = key.append
     for a in args:
         t = type(a)
@@ -76,9 +95,9 @@ def launch_signature(kernel, args, kwargs, device: int) -> tuple | None:
             append((a == 1) | (a & 15 == 0) << 1 | (-2**31 <= a < 2**31) << 2 | (a >= 2**63) << 3)
         elif t is torch.Tensor:
             append((a.dtype, a.data_ptr() & 15 == 0))
-        elif t in _DESCRIPTORS:   # shape, strides and box have the tensor's rank: flattened, they stay apart
+        elif t in _DESCRIPTORS:
             base = a.base
-            append((t, base.dtype, base.data_ptr() & 15 == 0, *a.shape, *a.strides, *a.block_shape, a.layout,
+            append((t, base.dtype, base.data_ptr() & 15 == 0, *a.block_shape, getattr(a, "layout", None),
                     a.padding, getattr(a, "round_f32_to_tf32", None)))
         elif t is float:
             append(float)
@@ -88,8 +107,18 @@ def launch_signature(kernel, args, kwargs, device: int) -> tuple | None:
             append((a.dtype, a.data_ptr() & 15 == 0))
         else:
             return None
+    for i in _constexpr_positions(kernel):   # a constexpr passed by position: its value, not its flags
+        if i >= len(args):
+            break
+        a = args[i]
+        if type(a) not in _EXACT_TYPES:
+            return None
+        key[3 + i] = (type(a), a)
+    for v in kwargs.values():
+        if type(v) not in _EXACT_TYPES:
+            return None
     append(tuple(kwargs.items()))
-    append(tuple(map(type, kwargs.values())))   # constexprs True and 1 compare equal; Triton compiles them apart
+    append(tuple(map(type, kwargs.values())))   # True and 1 compare equal; Triton compiles them apart
     return tuple(key)
 
 
@@ -100,7 +129,7 @@ def _remember(signature, kernel, args, kwargs, compiled) -> None:
     if signature is None or not isinstance(compiled, CompiledKernel) or kernel.pre_run_hooks:
         return
     tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in kernel.params[len(args):])
-    _COMPILED[signature] = (compiled, tail)
+    _COMPILED[signature] = (kernel, compiled, tail)
 
 
 def launch(name: str, kernel, grid, *args, tuning: Tuning | None = None, **kwargs):
@@ -111,7 +140,7 @@ def launch(name: str, kernel, grid, *args, tuning: Tuning | None = None, **kwarg
     (CompiledKernel[grid]), as Inductor's launchers do: JITFunction.run binds and specialises every
     argument and looks up its cache on each call, 69-107 us a launch on an H100's host, which a training
     step in the default compile mode waits for (docs/benchmarks.md, "Launching compiled kernels
-    directly"). One entry per signature: a handful per shape a run uses; no tensor is kept."""
+    directly"). One entry per signature: a handful per run, whatever its shapes; no tensor is kept."""
     from triton.runtime.errors import OutOfResources
     from triton.runtime.jit import JITFunction
     if tuning is not None and tuning.recorded is not None:
@@ -123,8 +152,8 @@ def launch(name: str, kernel, grid, *args, tuning: Tuning | None = None, **kwarg
         known = _COMPILED.get(signature) if signature is not None else None
     except TypeError:   # a keyword argument that cannot be hashed
         signature = known = None
-    if known is not None:
-        compiled, tail = known
+    if known is not None and known[0] is kernel and not kernel.pre_run_hooks:
+        _, compiled, tail = known
         compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *tail)
     else:
         key = (name, tuple(sorted((k, v) for k, v in kwargs.items() if not hasattr(v, "data_ptr"))),

@@ -34,6 +34,8 @@ def test_cpu_profile_reports_the_launches_and_stages(tmp_path, capsys, quant):
     (["--shape", "1,2,200,64"], "a multiple of 128"),
     (["--shape", "1,2,256,96"], "head dim 64 or 128"),
     (["--calls", "0"], "at least 1"),
+    (["--busy-ms", "-1"], "0 or more"),
+    (["--busy-ms", "soon"], "a number of milliseconds"),
 ])
 def test_bad_arguments_say_what_to_fix(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -50,3 +52,5 @@ def test_gpu_launch_costs_name_every_launch_and_none_goes_through_the_jit():
         assert costs[f"launch {name}"] > 0
     assert costs["launch signatures (launch.launch_signature)"] > 0
     assert not [name for name in costs if name.startswith("JITFunction.run")], costs
+    busy = host_profile.busy_breakdown((1, 2, 256, 64), "token", calls=2, busy_ms=5.0)
+    assert set(busy) == set(host_profile.breakdown_calls((1, 2, 256, 64), "token")) and min(busy.values()) > 0

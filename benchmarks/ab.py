@@ -1,19 +1,23 @@
-"""A/B of two source trees on one GPU: `benchmarks.attention` run alternately in each, one table.
+"""A/B of two source trees on one GPU: a benchmark run alternately in each, one table.
 
-    python -m benchmarks.ab BASE [--head HEAD] [--rounds 2] [--json FILE] -- ARGS...
+    python -m benchmarks.ab BASE [--head HEAD] [--rounds 2] [--benchmark attention|train_throughput]
+                            [--json FILE] -- ARGS...
 
 BASE and HEAD are git revisions or directories holding a source tree (HEAD: this checkout, with
 its uncommitted changes). A revision is extracted with `git archive` into a temporary folder; on a
 machine without the repository's history (the lent GPU) extract it beforehand (`git archive REV |
-tar -x -C DIR`) and pass DIR. Each round runs `python -m benchmarks.attention ARGS --json ...` in
-each tree (on its own PYTHONPATH, with its own Triton cache), BASE first in odd rounds and HEAD first in
+tar -x -C DIR`) and pass DIR. Each round runs `python -m benchmarks.attention ARGS --json ...` (or
+`benchmarks.train_throughput ARGS --out ...`: `--benchmark train_throughput`) in each tree (on its own PYTHONPATH, with its own Triton cache), BASE first in odd rounds and HEAD first in
 even ones, so that both see the same machine, clocks and neighbours and neither always runs second. ARGS are the
 benchmark's own (`--no-bench --quant token --kernel-times --kernel-shapes 8,16,4096,64`, or the
-fwd+bwd table's `--quant token --baselines CUDNN`).
+fwd+bwd table's `--quant token --baselines CUDNN`; for the trainer `--case
+experiments/configs/gpu-124m.yaml@4096x4 --loss chunked --engine deepspeed --attention sagebwd-token
+--compile default`).
 
-The table has one row per measured quantity: each kernel's milliseconds (`--kernel-times`) and each
-timed column's fwd/bwd/fwd+bwd milliseconds (the benchmark table), BASE's and HEAD's per round, and
-HEAD's change against BASE (means over the rounds). Compare only within one run.
+The table has one row per measured quantity: each kernel's milliseconds (`--kernel-times`), each
+timed column's fwd/bwd/fwd+bwd milliseconds (the benchmark table) or each trainer row's step
+milliseconds, BASE's and HEAD's per round, and HEAD's change against BASE (means over the rounds).
+Compare only within one run.
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# --benchmark: its module and the flag it takes for its JSON
+BENCHMARKS = {"attention": ("benchmarks.attention", "--json"),
+              "train_throughput": ("benchmarks.train_throughput", "--out")}
 
 
 def source_tree(spec: str, workdir: Path, label: str) -> Path:
@@ -42,11 +49,12 @@ def source_tree(spec: str, workdir: Path, label: str) -> Path:
     return out
 
 
-def run_benchmark(tree: Path, args: list[str], out_json: Path, module: str, cache: Path) -> dict:
-    """`python -m module ARGS --json out_json` with cwd and PYTHONPATH at `tree`: its JSON."""
+def run_benchmark(tree: Path, args: list[str], out_json: Path, module: str, cache: Path,
+                  json_flag: str = "--json") -> dict:
+    """`python -m module ARGS --json out_json` (json_flag) with cwd and PYTHONPATH at `tree`: its JSON."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "TRITON_CACHE_DIR": str(cache)}
-    proc = subprocess.run([sys.executable, "-m", module, *args, "--json", str(out_json)], cwd=tree, env=env,
+    proc = subprocess.run([sys.executable, "-m", module, *args, json_flag, str(out_json)], cwd=tree, env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0 or not out_json.is_file():
         raise SystemExit(f"error: the benchmark failed in {tree} (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
@@ -56,8 +64,13 @@ def run_benchmark(tree: Path, args: list[str], out_json: Path, module: str, cach
 
 def measurements(result: dict) -> dict[str, float]:
     """{row name: ms} of one benchmark JSON: every kernel of --kernel-times, every timed column of
-    the fwd/bwd/fwd+bwd table."""
+    the fwd/bwd/fwd+bwd table, every trainer row's step (benchmarks.train_throughput; rows that failed
+    are left out)."""
     out = {}
+    for r in result.get("rows", []):
+        if r.get("step_ms") and not r.get("error"):
+            out[f"{Path(r['config']).stem} {r['seq_len']}x{r['micro_batch']} {r['attention']} compile={r['compile']} "
+                f"loss={r['loss']} engine={r['engine']} step"] = r["step_ms"]
     for r in result.get("kernel_times", []):
         where = f"{r['impl']} {tuple(r['shape'])} {'causal' if r['causal'] else 'full'}"
         for kernel, ms in r["ms"].items():
@@ -100,8 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("base", help="a git revision or a directory with the sources to compare against")
     p.add_argument("--head", help="a git revision or a directory (default: this checkout as it is)")
     p.add_argument("--rounds", type=int, default=2, help="how many times each tree runs, alternating")
+    p.add_argument("--benchmark", choices=sorted(BENCHMARKS), default="attention",
+                   help="benchmarks.attention (default) or benchmarks.train_throughput")
     p.add_argument("--json", help="write the rows here")
-    p.add_argument("--module", default="benchmarks.attention", help=argparse.SUPPRESS)   # the tests' stand-in
+    p.add_argument("--module", help=argparse.SUPPRESS)   # the tests' stand-in for the benchmark's module
     return p
 
 
@@ -112,8 +127,9 @@ def main(argv=None) -> int:
     args, bench_args = parser.parse_args(argv[:split]), argv[split + 1:]
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: at least 1")
-    if "--json" in bench_args:
-        parser.error("--json after --: this tool writes each run's JSON itself; give --json before --")
+    module, json_flag = BENCHMARKS[args.benchmark]
+    if json_flag in bench_args:
+        parser.error(f"{json_flag} after --: this tool writes each run's JSON itself; give --json before --")
     with tempfile.TemporaryDirectory(prefix="sagebwd-ab-") as tmp:
         work = Path(tmp)
         trees = {"base": source_tree(args.base, work, "base"),
@@ -122,17 +138,19 @@ def main(argv=None) -> int:
         for i in range(1, args.rounds + 1):
             for label, tree in (trees.items() if i % 2 else reversed(trees.items())):
                 print(f"[ab] round {i}/{args.rounds}: {label} ({tree})", flush=True)
-                result = run_benchmark(tree, bench_args, work / f"{label}-{i}.json", args.module,
-                                       work / f"triton-cache-{label}")
+                result = run_benchmark(tree, bench_args, work / f"{label}-{i}.json", args.module or module,
+                                       work / f"triton-cache-{label}", json_flag)
                 runs[label].append(measurements(result))
     rows = compare(runs["base"], runs["head"])
     if not rows:
-        print("error: the runs share no measurement (pass --kernel-times, or leave out --no-bench)", file=sys.stderr)
+        print("error: the runs share no measurement (benchmarks.attention: pass --kernel-times, or leave out "
+              "--no-bench; benchmarks.train_throughput: every row failed)", file=sys.stderr)
         return 2
     base_label, head_label = f"base {args.base}", f"head {args.head or 'this checkout'}"
     print(format_table(rows, base_label, head_label))
     if args.json:
         Path(args.json).write_text(json.dumps({"base": args.base, "head": args.head or "checkout",
+                                               "benchmark": args.benchmark,
                                                "benchmark_args": bench_args, "rounds": args.rounds,
                                                "runs": runs, "rows": rows}, indent=1))
         print(f"wrote {args.json}")

@@ -102,3 +102,39 @@ def test_a_failing_benchmark_is_reported_with_its_tree_and_output(tmp_path):
     with pytest.raises(SystemExit, match=r"(?s)the benchmark failed in .*base \(exit 1\).*ValueError"):
         main([str(base), "--head", str(tree(tmp_path, "head", 1.0)), "--module", "standin_bench", "--",
               "--kernel-times"])
+
+
+# A stand-in for benchmarks.train_throughput: one good row scaled by the tree's TIMES, one failed row.
+TRAINER_STAND_IN = '''
+import json, sys
+from pathlib import Path
+scale = float((Path(__file__).parent / "TIMES").read_text())
+out = sys.argv[sys.argv.index("--out") + 1]
+row = {"config": "experiments/configs/gpu-124m.yaml", "seq_len": 4096, "micro_batch": 4, "attention": "sagebwd-token",
+       "compile": "default", "loss": "chunked", "engine": "deepspeed", "step_ms": 60.0 * scale, "error": None}
+json.dump({"rows": [row, {**row, "attention": "fpa", "step_ms": None, "error": "OOM"}]}, open(out, "w"))
+'''
+
+
+def test_a_trainer_ab_compares_step_times(tmp_path, capsys):
+    """--benchmark train_throughput hands each run --out and compares the rows' step times (a failed row
+    left out); the trainer's own --out after -- is refused like --json."""
+    base, head = tree(tmp_path, "base", 1.0), tree(tmp_path, "head", 0.95)
+    for d in (base, head):
+        (d / "standin_trainer.py").write_text(TRAINER_STAND_IN)
+    out = tmp_path / "ab.json"
+    assert main([str(base), "--head", str(head), "--rounds", "1", "--benchmark", "train_throughput",
+                 "--module", "standin_trainer", "--json", str(out), "--", "--compile", "default"]) == 0
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    step = rows["gpu-124m 4096x4 sagebwd-token compile=default loss=chunked engine=deepspeed step"]
+    assert step["base"] == [60.0] and step["change"] == pytest.approx(-0.05) and len(rows) == 1
+    assert json.loads(out.read_text())["benchmark"] == "train_throughput"
+    with pytest.raises(SystemExit):
+        main(["HEAD", "--benchmark", "train_throughput", "--", "--out", "x.json"])
+    assert "--out after --" in capsys.readouterr().err
+
+
+def test_reads_a_real_trainer_json():
+    m = measurements(json.loads((REPO / "docs/measurements/trainer-h100-1127d-ab2-direct.json").read_text()))
+    assert m["gpu-124m 4096x4 sagebwd-token compile=default loss=chunked engine=deepspeed step"] == \
+        pytest.approx(61.91, abs=5e-3)

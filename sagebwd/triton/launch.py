@@ -62,14 +62,15 @@ def _descriptor_types() -> frozenset:
 
 
 _DESCRIPTORS = _descriptor_types()
-_CONSTEXPR_POSITIONS: dict = {}   # id(kernel) -> indices of its constexpr parameters
+_CONSTEXPR_POSITIONS: dict = {}   # id(kernel) -> (kernel, indices of its constexpr parameters)
 
 
 def _constexpr_positions(kernel) -> tuple:
-    positions = _CONSTEXPR_POSITIONS.get(id(kernel))
-    if positions is None:
-        positions = _CONSTEXPR_POSITIONS[id(kernel)] = tuple(i for i, p in enumerate(kernel.params) if p.is_constexpr)
-    return positions
+    known = _CONSTEXPR_POSITIONS.get(id(kernel))
+    if known is None or known[0] is not kernel:   # (an id is only unique while its object lives)
+        known = _CONSTEXPR_POSITIONS[id(kernel)] = (kernel, tuple(i for i, p in enumerate(kernel.params)
+                                                                   if p.is_constexpr))
+    return known[1]
 
 
 def _compile_settings() -> tuple:

@@ -79,14 +79,15 @@ def flops(shape, causal: bool, mode: str) -> float:
     return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd}[mode]
 
 
-def host_ms(step, leaves=(), n: int = 20, repeats: int = 1) -> float:
+def host_ms(step, leaves=(), n: int = 20, repeats: int = 1, before=None) -> float:
     """Host (CPU) milliseconds to issue one call of step: each call starts on an idle GPU
     (synchronised before, not after; without CUDA there is nothing to wait for) and is timed until
     it returns, the least over `repeats` of the mean of n calls. Back to back, a GPU slower than
     the host fills the launch queue and the host then waits inside the launches, counting the GPU's
     time as its own (tools.host_profile times the same way). Near or above the GPU time the call is launch-bound: the GPU idles between
     kernels, and timings swing with the host's speed (the d=128 fwd+bwd rows that once read 2x
-    their kernels' sum)."""
+    their kernels' sum). before: run after each synchronisation, untimed (tools.host_profile queues GPU
+    work there, so that the call is issued onto a busy GPU)."""
     synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(3):
         step()
@@ -97,6 +98,8 @@ def host_ms(step, leaves=(), n: int = 20, repeats: int = 1) -> float:
             for t in leaves:
                 t.grad = None
             synchronize()
+            if before is not None:
+                before()
             start = time.perf_counter()
             step()
             spent += time.perf_counter() - start

@@ -54,3 +54,11 @@ def test_gpu_launch_costs_name_every_launch_and_none_goes_through_the_jit():
     assert not [name for name in costs if name.startswith("JITFunction.run")], costs
     busy = host_profile.busy_breakdown((1, 2, 256, 64), "token", calls=2, busy_ms=5.0)
     assert set(busy) == set(host_profile.breakdown_calls((1, 2, 256, 64), "token")) and min(busy.values()) > 0
+
+
+def test_host_ms_runs_the_before_hook_untimed_before_every_call():
+    """benchmarks.attention.host_ms's `before` (host_profile's busy GPU) runs once before each timed call."""
+    from benchmarks.attention import host_ms
+    order = []
+    assert host_ms(lambda: order.append("call"), n=4, repeats=2, before=lambda: order.append("before")) >= 0
+    assert order == ["call"] * 3 + ["before", "call"] * 8   # three warm-up calls, then 2 x 4 timed

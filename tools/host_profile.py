@@ -194,22 +194,10 @@ def busy_breakdown(shape, quant: str, calls: int, busy_ms: float) -> dict[str, f
     queued work (a torch.cuda._sleep just before each call), as in training, where the GPU is rarely idle
     when the op is called; the least of three means. (The trainer's step gained about four times what the
     idle timing of the direct launches predicted: docs/benchmarks.md, "Launching compiled kernels directly".)"""
+    from benchmarks.attention import host_ms
     cycles = int(_sleep_cycles_per_ms() * busy_ms)
-    out = {}
-    for name, call in breakdown_calls(shape, quant).items():
-        for _ in range(3):
-            call()
-        best = float("inf")
-        for _ in range(3):
-            spent = 0.0
-            for _ in range(calls):
-                torch.cuda.synchronize()
-                torch.cuda._sleep(cycles)
-                start = time.perf_counter()
-                call()
-                spent += time.perf_counter() - start
-            best = min(best, spent / calls * 1e3)
-        out[name] = best
+    out = {name: host_ms(call, n=calls, repeats=3, before=lambda: torch.cuda._sleep(cycles))
+           for name, call in breakdown_calls(shape, quant).items()}
     torch.cuda.synchronize()
     return out
 

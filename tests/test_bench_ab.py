@@ -84,6 +84,7 @@ def test_compare_keeps_only_rows_every_run_has(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["HEAD", "--rounds", "0", "--", "--kernel-times"], "--rounds 0: at least 1"),
     (["HEAD", "--", "--kernel-times", "--json", "x.json"], "give --json before --"),
+    (["HEAD", "--benchmark", "trainer", "--"], "argument --benchmark: invalid choice: 'trainer'"),
 ])
 def test_bad_arguments_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):

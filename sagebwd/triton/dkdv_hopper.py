@@ -523,8 +523,16 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
 
     # S^T of both slices; dK passes: dP^T of slice a too.
     # wgmma groups complete in issue order: each wait's count is what may still be in flight after it.
+    # EARLY (d=128): slice a's s_Q and LSE columns are read before the products are issued. Read
+    # after, they queue behind the wgmmas' shared-memory reads, and the fmas that use them waited on
+    # the short scoreboard (ncu). At d=64 their 32 registers, live across the issue, made ptxas
+    # wait for S^T of slice b before slice a's P^T, which cost more (docs/kernel-notes.md).
+    EARLY: gl.constexpr = HEAD_DIM > 64
     mbarrier.wait(bars.index(2 * slot), phase)
     if HAS_A:
+        if EARLY:
+            sq_a = _slice_vector(sq_smem, slot, 0, col, SLICE, BLOCKED)
+            lse_a = _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED)
         st_a = warpgroup_mma(k_smem, _rows(q_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s,
                              use_acc=False, is_async=True)
         if PASS == DK_ONLY:
@@ -539,10 +547,10 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
                               use_acc=False, is_async=True)
     if HAS_A:
         st_a = warpgroup_mma_wait(2 if DK_PASS else 1, deps=[st_a])
-        sq_a = _slice_vector(sq_smem, slot, 0, col, SLICE, BLOCKED)
-        p_a = _token_probs(st_a, kq, sq_a,
-                           _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED), offs_a, offs_kv, MASK_A, MASK_DIAG,
-                           diag)
+        if not EARLY:
+            sq_a = _slice_vector(sq_smem, slot, 0, col, SLICE, BLOCKED)
+            lse_a = _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED)
+        p_a = _token_probs(st_a, kq, sq_a, lse_a, offs_a, offs_kv, MASK_A, MASK_DIAG, diag)
         if PASS == DK_ONLY:
             dpt_a = warpgroup_mma_wait(1, deps=[dpt_a])
             p_a = _token_y(p_a, dpt_a, sq_a,
@@ -556,8 +564,8 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
     else:
         st_b = warpgroup_mma_wait(0, deps=[st_b])
     sq_b = _slice_vector(sq_smem, slot, 1, col, SLICE, BLOCKED)
-    p_b = _token_probs(st_b, kq, sq_b,
-                       _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED), offs_b, offs_kv, MASK_B, MASK_DIAG, diag)
+    p_b = _token_probs(st_b, kq, sq_b, _slice_vector(lse_smem, slot, 1, col, SLICE, BLOCKED), offs_b, offs_kv,
+                       MASK_B, MASK_DIAG, diag)
 
     if DV_PASS:
         # dV = P^T dO in FP8 e4m3, both slices chained in fp32; the q block's scale is one number

@@ -187,6 +187,9 @@ def _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_
     one arrive) right after the previous tile's product is folded in, where the block contract frees
     it at its exchange (not WS: _pair refills it after this tile). Returns dq, tile j's X^ bits and
     its per-row dQ scale in the accumulator's row layout."""
+    # s_K per kv column, read before this tile's products are issued: read after, it queued behind
+    # their shared-memory reads and S's first multiply waited on it (ncu: short scoreboard).
+    k_scale = sk_tile.load(gl.SliceLayout(0, s_layout))
     if not FIRST:
         ds8 = as_a_operand(ds_prev.to(gl.int8), op_layout)
         dq_tok = warpgroup_mma(ds8, kt_prev.permute((1, 0)), gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout),
@@ -201,7 +204,6 @@ def _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_
             mbarrier.arrive(empty.index(refill % STAGES))
     dp_tok = warpgroup_mma(do_smem, v_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.float32, dp_layout),
                            use_acc=False, is_async=True)
-    k_scale = sk_tile.load(gl.SliceLayout(0, s_layout))   # s_K per kv column
     s = warpgroup_mma_wait(1, deps=[s_tok])
     p = gl.exp2(s.to(gl.float32) * k_scale[None, :] * qk_row[:, None] - lse[:, None])
     if MASK:

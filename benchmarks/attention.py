@@ -664,10 +664,12 @@ def main(argv=None) -> int:
                          "its reshapes included, vs SDPA FLASH and CUDNN")
     ap.add_argument("--cuda-graph", action="store_true",
                     help="causal fwd+bwd eager vs replayed from a CUDA graph (the host's launch work removed)")
-    ap.add_argument("--quant", nargs="+", choices=list(SAGE_IMPLS), default=list(SAGE_IMPLS),
-                    help="the quantisation contracts to check and time (default: block and token)")
+    ap.add_argument("--quant", nargs="+", choices=list(SAGE_IMPLS),
+                    help="the quantisation contracts to check and time (default: block and token; with --once: "
+                         "block)")
     ap.add_argument("--once", action="store_true",
-                    help="run one causal fwd+bwd at each target shape and exit (for ncu and other profilers)")
+                    help="run one causal fwd+bwd per contract (--quant) at each shape (--shapes, default the two "
+                         "causal targets) and exit (for ncu and other profilers)")
     ap.add_argument("--baselines", nargs="+", default=list(BASELINES), metavar="NAME",
                     help="the baseline columns (default: all of " + " ".join(BASELINES) + "; also fa4, cudnn-fp8, "
                          "all). FA4 and CUDNN-FP8 need flash-attn-4 / nvidia-cudnn-frontend and say "
@@ -691,11 +693,13 @@ def main(argv=None) -> int:
         print("benchmarks.attention needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.once:
-        for shape in SHAPES[:2]:
-            q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
-            attention_fn("sage", True)(q, k, v).backward(torch.randn_like(q))
+        for shape in args.shapes or SHAPES[:2]:
+            for quant in args.quant or ["block"]:
+                q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
+                attention_fn(SAGE_IMPLS[quant], True)(q, k, v).backward(torch.randn_like(q))
         torch.cuda.synchronize()
         return 0
+    args.quant = args.quant or list(SAGE_IMPLS)
     result = {"env": environment()}
     from sagebwd.triton import registry
     arch = registry.arch_of(torch.device("cuda"))

@@ -504,8 +504,8 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
     a kv row lives in one quad of one warp, so it is a max over the thread's columns and two
     shuffles, with no exchange between warps; but neither slice's Y^T can be quantised before the
     other's values are known, so both are live together. Order, to keep at most three 64 x 64 fp32
-    tiles beside the accumulators (d=64, BOTH): S^T of both slices and dP^T of slice a issued; P^T of
-    both; dV of both issued; Y^T of slice a; dP^T of slice b; dV added; Y^T of slice b; its row
+    tiles beside the accumulators (d=64, BOTH): S^T of both slices issued; P^T of slice a; dP^T of
+    slice a issued; P^T of slice b; dV of both issued; Y^T of slice a; dP^T of slice b; dV added; Y^T of slice b; its row
     scale; dK of both. Slice a (HAS_A False: wholly above the causal diagonal) is then skipped: its
     P^T is 0, which adds nothing to dV and changes neither Y^T's maximum nor its sum.
     The ring entry (both slices) is released at the block's end."""
@@ -521,7 +521,9 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
     DK_PASS: gl.constexpr = PASS != DV_ONLY
     DV_PASS: gl.constexpr = PASS != DK_ONLY
 
-    # S^T of both slices; dK passes: dP^T of slice a too.
+    # S^T of both slices; the d=128 dK pass: dP^T of slice a too (at d=64, BOTH, it is issued once slice
+    # a's P^T is made: with three products in flight (96 registers) beside dV and dK the pass was 4%
+    # slower without a mask, docs/kernel-notes.md).
     # wgmma groups complete in issue order: each wait's count is what may still be in flight after it.
     # EARLY (d=128): slice a's s_Q and LSE columns are read before the products are issued. Read
     # after, they queue behind the wgmmas' shared-memory reads, and the fmas that use them waited on
@@ -542,15 +544,15 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         mbarrier.wait(bars.index(2 * slot + 1), phase)
     st_b = warpgroup_mma(k_smem, _rows(q_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_s,
                          use_acc=False, is_async=True)
-    if PASS == BOTH and HAS_A:
-        dpt_a = warpgroup_mma(v_tile, _rows(do_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_dp,
-                              use_acc=False, is_async=True)
     if HAS_A:
-        st_a = warpgroup_mma_wait(2 if DK_PASS else 1, deps=[st_a])
+        st_a = warpgroup_mma_wait(2 if PASS == DK_ONLY else 1, deps=[st_a])
         if not EARLY:
             sq_a = _slice_vector(sq_smem, slot, 0, col, SLICE, BLOCKED)
             lse_a = _slice_vector(lse_smem, slot, 0, col, SLICE, BLOCKED)
         p_a = _token_probs(st_a, kq, sq_a, lse_a, offs_a, offs_kv, MASK_A, MASK_DIAG, diag)
+        if PASS == BOTH:
+            dpt_a = warpgroup_mma(v_tile, _rows(do_smem, slot, 0, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)),
+                                  zero_dp, use_acc=False, is_async=True)
         if PASS == DK_ONLY:
             dpt_a = warpgroup_mma_wait(1, deps=[dpt_a])
             p_a = _token_y(p_a, dpt_a, sq_a,

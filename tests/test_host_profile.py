@@ -11,7 +11,8 @@ from tools import host_profile  # noqa: E402
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(),
-                    reason="the CPU path (Triton's launcher stubbed); on CUDA the tool times the GPU path, tested below")
+                    reason="the CPU path (Triton's launcher stubbed); on CUDA the tool times the GPU path, "
+                           "tested below")
 @pytest.mark.parametrize("quant", ["token", "block"])
 def test_cpu_profile_reports_the_launches_and_stages(tmp_path, capsys, quant):
     out = tmp_path / "host.json"

@@ -47,7 +47,8 @@ def test_a_details_page_or_a_profile_without_samples_says_what_to_do(tmp_path, c
         ncu_source.main([str(details)])
     assert "--page source --csv --print-source sass" in capsys.readouterr().err
     unsampled = tmp_path / "unsampled.csv"
-    unsampled.write_text('"Kernel Name","_dq_kernel",\n"Address","Source","Instructions Executed"\n"0x1","FFMA R1, R2, R3, R4","8"\n')
+    unsampled.write_text('"Kernel Name","_dq_kernel",\n"Address","Source","Instructions Executed"\n'
+                         '"0x1","FFMA R1, R2, R3, R4","8"\n')
     with pytest.raises(SystemExit):
         ncu_source.main([str(unsampled)])
     assert "--section SourceCounters" in capsys.readouterr().err

@@ -505,9 +505,10 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
     shuffles, with no exchange between warps; but neither slice's Y^T can be quantised before the
     other's values are known, so both are live together. Order, to keep at most three 64 x 64 fp32
     tiles beside the accumulators (d=64, BOTH): S^T of both slices issued; P^T of slice a; dP^T of
-    slice a issued; P^T of slice b; dV of both issued; Y^T of slice a; dP^T of slice b; dV added; Y^T of slice b; its row
-    scale; dK of both. Slice a (HAS_A False: wholly above the causal diagonal) is then skipped: its
-    P^T is 0, which adds nothing to dV and changes neither Y^T's maximum nor its sum.
+    slice a issued; P^T of slice b; dV of both issued; Y^T of slice a; dP^T of slice b; dV added;
+    Y^T of slice b; its row scale; dK of both. Slice a (HAS_A False: wholly above the causal
+    diagonal) is then skipped: its P^T is 0, which adds nothing to dV and changes neither Y^T's
+    maximum nor its sum.
     The ring entry (both slices) is released at the block's end."""
     slot = r % STAGES
     phase = (r // STAGES) & 1

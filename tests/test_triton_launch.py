@@ -123,6 +123,8 @@ def test_kernel_choice_is_validated_and_never_leaves_sm90():
     (["--kernel-times", "--kernel-shapes", "8,8,4096"], "'8,8,4096': expected four positive integers B,H,N,D"),
     (["--kernel-times", "--kernel-masks", "sliding"], "invalid choice: 'sliding'"),
     (["--kernel-times", "--kernel-layout", "rows"], "invalid choice: 'rows'"),
+    (["--once", "--quant", "token", "--shapes", "4,12,4096"], "'4,12,4096': expected four positive integers B,H,N,D"),
+    (["--once", "--quant", "int4"], "invalid choice: 'int4'"),
 ])
 def test_bench_rejects_bad_flags_before_looking_for_a_gpu(argv, message, capsys):
     """The benchmark's new flags fail on any machine, with what was wrong, before it asks for CUDA."""

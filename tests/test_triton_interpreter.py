@@ -53,6 +53,10 @@ CASES = [
     ("fp16-causal-smoothq-q64-kv128-token", "float16", 256, 64, 64, 128, True, True, False, "token"),
     ("fp16-causal-seq192-blocks64-token", "float16", 192, 64, 64, 64, True, False, False, "token"),
     ("fp16-full-d128-token", "float16", 256, 128, 128, 64, False, False, False, "token"),
+    # "-growing": keys grow along the sequence (x 1 + n / 4), so each kv tile's row maxima pass the
+    # forward's running reference by more than its lazy-rescaling threshold (d=128, token: 2^8) and
+    # the rescale runs after the first tile too
+    ("fp16-causal-d128-growing-token", "float16", 256, 128, 128, 64, True, False, False, "token"),
 ]
 # Relative L2, kernel vs simulation (same dtype). The interpreter rounds fp32 -> bf16 less
 # carefully than the GPU does, so bf16 gets a looser bound here (the GPU check uses 5e-3).
@@ -82,6 +86,8 @@ def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strid
     else:
         q, k, v = [torch.randn(b, h, n, d, generator=gen).to(dtype).requires_grad_() for _ in range(3)]
     do = torch.randn(b, h, n, d, generator=gen).to(dtype)
+    if "-growing" in name:
+        k = (k.detach() * (1 + torch.arange(n) / 4).to(dtype)[:, None]).requires_grad_()
 
     from sagebwd.triton.launch import Tuning
     tuning = Tuning()   # the block shapes a case asks for, passed to its calls

@@ -249,6 +249,34 @@ def test_loop_finder_and_causal_tile_count():
     assert mix["per_element"] == pytest.approx(3 * 256 / 8192)
     # 4 q blocks of 128 over kv tiles of 64: 2, 4, 6, 8 tiles of 128 x 64
     assert sass_mix.causal_elements(512, 128, 64) == (2 + 4 + 6 + 8) * 128 * 64
+    assert mix["per_element_branches_taken"] == mix["per_element"]
+
+
+def test_loop_mix_counts_a_trip_with_its_forward_branches_taken():
+    """A block behind a conditional forward branch inside the loop (the token forward's lazy
+    rescaling) is in the loop's count, and out of the count with the branches taken; a branch
+    out of the loop skips nothing."""
+    from tools import sass_mix
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   FFMA R2, R3, R4, R5 ;
+        /*0020*/              @!P2 BRA `(.L_x_1) ;
+        /*0030*/                   FMUL R6, R6, R7 ;
+        /*0040*/                   FMUL R8, R8, R7 ;
+.L_x_1:
+        /*0050*/               @P3 BRA `(.L_x_9) ;
+        /*0060*/                   MUFU.EX2 R2, R2 ;
+        /*0070*/               @P1 BRA `(.L_x_0) ;
+.L_x_9:
+        /*0080*/                   EXIT ;
+"""
+    assert sass_mix.instructions_and_loops(sass)[1] == [(1, 7)]
+    assert sass_mix.branched_in_loop(sass, (1, 7)) == 2
+    mix = sass_mix.loop_mix(sass, "forward", {"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4)
+    assert mix["per_element"] == pytest.approx(7 * 128 / 4096)
+    assert mix["per_element_branches_taken"] == pytest.approx(5 * 128 / 4096)
+    assert mix["by_opcode"]["FMUL"] == pytest.approx(2 * 128 / 4096)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

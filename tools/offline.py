@@ -237,7 +237,10 @@ def print_loop_mix(rows: list[dict], measured: dict | None = None) -> None:
             tail = f"{ms:.3f}{label} | {sum(g['issue_ms'] for g in group) / ms:.0%}"
         else:
             tail = "— | —"
-        print(f"| {r['head_dim']} | {r['kernel']} | {r['per_element']:.1f} | {top} | {r['issue_ms']:.3f} | "
+        count = f"{r['per_element']:.1f}"
+        if r["per_element_branches_taken"] < r["per_element"]:
+            count += f" ({r['per_element_branches_taken']:.1f} with its branches taken)"
+        print(f"| {r['head_dim']} | {r['kernel']} | {count} | {top} | {r['issue_ms']:.3f} | "
               f"{r['tensor_ms']:.3f} | {tail} | {r.get('causal_loop_local_ops', '—')} |")
 
 

@@ -110,6 +110,7 @@ def test_variants_stay_close_to_fpa(variant):
     (["--seeds", "0"], "--seeds 0: every value must be positive"),
     (["--sigmas", "1", "-3"], "--sigmas 1 -3: every value must be positive"),
     (["--seq", "100"], "--seq 100 must be a multiple of the blocks"),
+    (["--seq", "192", "--block-q", "64", "--variants", "p128"], "--seq 192 must be a multiple of the blocks"),
     (["--k-outliers", "0", "8"], "--k-outliers 0 8: a fraction in (0, 1] and a positive scale"),
 ])
 def test_cli_rejects_bad_values_by_name(argv, message, capsys):
@@ -118,3 +119,43 @@ def test_cli_rejects_bad_values_by_name(argv, message, capsys):
     except SystemExit as stop:   # argparse's parser.error
         code = stop.code
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_wide_tile_forwards_are_the_simulations_own():
+    """p128 is the contract's forward with block_kv = 128 (O and LSE bit for bit) fed to the backward at
+    the config's block_kv; the helper at block_kv with V per block is variant a's forward."""
+    from dataclasses import replace
+    from sagebwd.simulate import backward, forward
+    from tools.quant_study import _tiled_pv_output
+    q, k, v, do = gaussian_inputs(3.0, 1, 2, 256, 64, 0)
+    cfg = SageConfig(causal=True, block_q=32, block_kv=16, quant="token")
+    o, saved = forward(q, k, v, cfg)
+    o_a, lse_a = _tiled_pv_output(saved, cfg, cfg.block_kv, False)
+    assert torch.equal(o_a, o) and torch.equal(lse_a, saved.lse)
+    o_128, saved_128 = forward(q, k, v, replace(cfg, block_kv=128))
+    out = run_variants(q, k, v, do, cfg, ["a", "p128", "vc", "p128vc"])
+    assert torch.equal(out["p128"]["o"], o_128)
+    dq, dk, dv = backward(saved._replace(o=o_128, lse=saved_128.lse), do, cfg)
+    assert torch.equal(out["p128"]["dq"], dq) and torch.equal(out["p128"]["dk"], dk)
+    assert torch.equal(out["p128"]["dv"], out["a"]["dv"])   # dV = P^T dO sees neither O nor the LSE's rounding
+    for name in ("p128", "vc", "p128vc"):      # O moves, by less than the contract's own error of O
+        err = (out[name]["o"].float() - out["a"]["o"].float()).norm() / out["a"]["o"].float().norm()
+        assert torch.isfinite(out[name]["o"]).all() and 0 < err < 0.03, name
+
+
+def test_p128_and_p128vc_match_a_direct_computation():
+    """On 128 keys without a mask one tile holds every key: O = round(127 exp(S - rowmax)) V^ / (127 l)
+    with V^ per (128 x D) block (p128) or per channel (p128vc), l from the float exponentials."""
+    from sagebwd.simulate import forward, scores
+    q, k, v, do = gaussian_inputs(3.0, 1, 2, 128, 64, 0)
+    cfg = SageConfig(causal=False, block_q=32, block_kv=16, quant="token")
+    _, saved = forward(q, k, v, cfg)
+    out = run_variants(q, k, v, do, cfg, ["p128", "p128vc"])
+    s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, 64 ** -0.5)
+    e = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    p_hat = torch.round(127 * e)
+    per_block, per_channel = v.abs().amax(dim=(-2, -1), keepdim=True), v.abs().amax(dim=-2, keepdim=True)
+    for name, amax in (("p128", per_block), ("p128vc", per_channel)):
+        v_deq = torch.round(v * (torch.full_like(amax, 127) / amax)) * (amax / 127)
+        o = (p_hat @ v_deq) / 127 / e.sum(dim=-1, keepdim=True)
+        assert torch.allclose(out[name]["o"], o, rtol=1e-4, atol=1e-6), name

@@ -40,6 +40,17 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      from the tensor cores with a column of ones beside V^) instead of the float P~; O and the LSE
      (and so the backward's P) change with it. Not in the default list (``--variants a g``).
 
+  p128  the forward's P~ per (q token, 128-key tile): t = the row max over 128 keys (masked keys
+     excluded), P^ = round(127 exp(S - t)), V per (128 x D) block (amax / 127), w = exp(t - m) per
+     128-key tile: one INT8 product P^ V^ spans 128 keys. l from the float P~ as in the contract. Equals
+     ``forward_quantized`` with block_kv = 128 (tests check it); the backward keeps block_kv. O and the
+     LSE (which moves by float rounding only) feed the backward.
+  vc  P~ as in the contract (per block_kv tile); V INT8 per channel over the whole sequence (amax of
+     column d over all N tokens / 127), its scale applied to O's column d after the product (as
+     SageAttention2 does), so V's scale no longer bounds the tile a product may span.
+  p128vc  both: P~ per 128-key tile and V per channel.
+  Not in the default list (``--variants a p128 vc p128vc``).
+
   Diagnostic (``--variants fK``): f's K grouping with Q per token, as the contract has it (Q sits
   on the M side in the forward and the dQ kernel, where its per-token scale costs no outer product).
 
@@ -76,7 +87,13 @@ VARIANTS = {
     "fK": "diagnostic: f's K (16 of 64), Q per token",
     "g": "fwd denominator l from the quantised P^ (a ones column beside V^)",
     "kc": "dQ: X = dS per (q token, kv tile) without s_K, K^ per channel over the sequence",
+    "p128": "fwd P~V: P~ per (q token, 128-key tile), V per (128 x D) block",
+    "vc": "fwd P~V: P~ per (q token, kv tile), V INT8 per channel over the sequence",
+    "p128vc": "fwd P~V: P~ per (q token, 128-key tile), V INT8 per channel over the sequence",
 }
+WIDE_TILE = 128   # keys one INT8 product P^ V^ spans in p128 / p128vc
+# (P~ tile, None for block_kv; V per channel over the sequence instead of per tile block)
+WIDE_VARIANTS = {"p128": (WIDE_TILE, False), "vc": (None, True), "p128vc": (WIDE_TILE, True)}
 DEFAULT_VARIANTS = ["a", "i8", "b", "c", "d", "e", "f"]
 COLUMNS = ("o", "dq", "dk", "dv", "ds")
 LABELS = {"o": "O", "dq": "dQ", "dk": "dK", "dv": "dV", "ds": "dS"}
@@ -168,6 +185,39 @@ def _quantized_sum_output(saved, cfg: SageConfig):
     return o.to(saved.v.dtype), row_max.squeeze(-1) + torch.log(l)
 
 
+def _tiled_pv_output(saved, cfg: SageConfig, tile: int, v_per_channel: bool):
+    """(O, LSE) of the contract's forward (simulate.forward_quantized, op for op) with P~ quantised per
+    (q token, ``tile``-key tile) and V either per (tile x D) block or INT8 per channel over the whole
+    sequence, that channel's scale applied to O's column after the product (it is constant along the
+    reduction, so it leaves the sum). tile = block_kv with V per block is variant a's forward."""
+    b, h, n, d = saved.v.shape
+    ct = compute_dtype(saved.v.dtype)
+    sm_scale = 1.0 / math.sqrt(d)
+    if v_per_channel:
+        v_hat, c_v = quantize_groups(saved.v.to(ct), n, -2, cfg.quantize)        # c_v (B,H,1,D)
+    else:
+        v_hat, s_v = quantize_row_blocks(saved.v.to(ct), tile, cfg.quantize)
+    s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, sm_scale)
+    tn = n // tile
+    s_tiles = s.reshape(b, h, n, tn, tile)
+    t = s_tiles.amax(dim=-1)                        # max over the tile's unmasked keys, -inf if none
+    t_safe = torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+    e = torch.exp(s_tiles - t_safe.unsqueeze(-1))
+    if cfg.quantize:
+        p_hat, p_scale = torch.round(QMAX * e), 1.0 / QMAX
+    else:
+        p_hat, p_scale = e, 1.0
+    row_max = t.amax(dim=-1, keepdim=True)
+    w = torch.exp(t - row_max)
+    l = (w * e.sum(dim=-1)).sum(dim=-1)
+    pv = torch.einsum("bhntk,bhtkd->bhntd", p_hat, v_hat.reshape(b, h, tn, tile, d))
+    if v_per_channel:
+        o = (pv * (w * p_scale).unsqueeze(-1)).sum(dim=-2) * c_v / l.unsqueeze(-1)
+    else:
+        o = (pv * (w * p_scale).unsqueeze(-1) * s_v[:, :, None, :, None]).sum(dim=-2) / l.unsqueeze(-1)
+    return o.to(saved.v.dtype), row_max.squeeze(-1) + torch.log(l)
+
+
 def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(dQ, dS as it consumes it) with K^ quantised per channel over the whole sequence (one scale c_d
     per head and channel, after K-smoothing) instead of per token: dS then needs no s_K folded in,
@@ -210,6 +260,12 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
             saved_g = saved._replace(o=o_g, lse=lse_g)
             (dq_g, dk_g, dv_g), inter_g = backward(saved_g, do, cfg, return_intermediates=True)
             out[name] = {"o": o_g, "dq": dq_g, "dk": dk_g, "dv": dv_g, "ds": inter_g.ds}
+        elif name in WIDE_VARIANTS:   # the forward's O and LSE feed the contract's backward (block_kv kept)
+            tile, per_channel = WIDE_VARIANTS[name]
+            o_w, lse_w = _tiled_pv_output(saved, cfg, tile or cfg.block_kv, per_channel)
+            saved_w = saved._replace(o=o_w, lse=lse_w)
+            (dq_w, dk_w, dv_w), inter_w = backward(saved_w, do, cfg, return_intermediates=True)
+            out[name] = {"o": o_w, "dq": dq_w, "dk": dk_w, "dv": dv_w, "ds": inter_w.ds}
         elif name == "kc":
             dq_kc, ds_kc = _channel_k_dq(saved, inter, q, k, cfg)
             out[name] = {**base, "dq": dq_kc, "ds": ds_kc}
@@ -292,8 +348,10 @@ def main(argv=None) -> int:
                          ("--seq", [args.seq])):
         if any(not v > 0 for v in values):
             parser.error(f"{flag} {' '.join(f'{v:g}' for v in values)}: every value must be positive")
-    if args.seq % max(args.block_q, args.block_kv, 128 if "e" in args.variants else 1):
-        print(f"error: --seq {args.seq} must be a multiple of the blocks (and of 128 for variant e)", file=sys.stderr)
+    wide = {"e", "p128", "p128vc"} & set(args.variants)   # 128-token groups or tiles
+    if args.seq % max(args.block_q, args.block_kv, 128 if wide else 1):
+        print(f"error: --seq {args.seq} must be a multiple of the blocks (and of 128 for variants e, p128, "
+              "p128vc)", file=sys.stderr)
         return 2
     if args.k_outliers and not (0 < args.k_outliers[0] <= 1 and args.k_outliers[1] > 0):
         parser.error(f"--k-outliers {args.k_outliers[0]:g} {args.k_outliers[1]:g}: a fraction in (0, 1] and a "

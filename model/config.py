@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from sagebwd.triton.registry import KernelChoiceError, parse as parse_kernels
-from sagebwd.validate import QUANT_CONTRACTS, SUPPORTED_HEAD_DIMS
+from sagebwd.validate import QUANT_CONTRACTS, SUPPORTED_HEAD_DIMS, forward_kv_block
 
 from model.loss import LossImpl
 
@@ -137,6 +137,12 @@ class ModelConfig(BaseModel):
                         f"model.seq_len ({self.seq_len}) must be a multiple of model.{block} "
                         f"({getattr(self, block)}) for attention='sagebwd'; change seq_len or "
                         f"set a smaller {block}")
+            tile = forward_kv_block(self.quant, self.block_kv)
+            if self.seq_len % tile and self.quant in QUANT_CONTRACTS:
+                problems.append(
+                    f"model.seq_len ({self.seq_len}) must be a multiple of {tile} for model.quant="
+                    f"{self.quant!r} (its forward quantises P and V per {tile}-key tile); change seq_len or "
+                    "use quant='block'")
         if problems:   # every problem at once
             raise ValueError("\n  ".join(problems))
         return self

@@ -40,13 +40,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     """SageBwd attention: INT8 QK^T, PV, dV, dQ, dK with 16-bit dP (the paper's Algorithms 1-2).
 
     q, k, v: (batch, heads, seq, head_dim), one dtype and device; head_dim 64 or 128; seq a
-    multiple of block_q and block_kv. Returns O in the input dtype; differentiable.
+    multiple of block_q and block_kv (and of 128 with quant="token"). Returns O in the input dtype;
+    differentiable.
 
     quant: the quantisation contract. "block" is the paper's (per-block Q, K, V; per-tile P and
     dS in the backward); "token" gives every scale the granularity of a token along the free
     axis of its product (per-token Q and K; dS per token within each tile; dV = P^T dO in FP8
-    e4m3, P with a static scale): more accurate (but for dV), and every maximum is a row reduction
-    in the kernel. docs/sagebwd.md states both.
+    e4m3, P with a static scale; the forward's P and V per 128-key tile): more accurate (but for
+    dV), and every maximum is a row reduction in the kernel. docs/sagebwd.md states both.
 
     backend: "triton" (CUDA kernels), "simulate" (exact PyTorch simulation, any device) or
     "auto" (triton on CUDA, simulate elsewhere). check_finite costs one device sync per call.
@@ -57,7 +58,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     check_quant(quant)
     name = resolve_backend(backend, q.device)
     check_kernels(kernels)
-    check_inputs(q, k, v, backend=name, block_q=block_q, block_kv=block_kv, check_finite=check_finite)
+    check_inputs(q, k, v, backend=name, block_q=block_q, block_kv=block_kv, check_finite=check_finite, quant=quant)
     if name == "triton":
         from . import triton as sage_triton   # imported lazily: needs a working Triton
         return sage_triton.attention(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, quant, kernels=kernels)

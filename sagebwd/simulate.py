@@ -18,7 +18,8 @@ block_kv = Bkv rows of K/V; docs/sagebwd.md has the table):
   backward P, dS per (Bq x Bkv) tile; dO per (Bq x D) block; dP = dO V^T unquantised.
 "token": every scale runs along the free (non-reduced) axis of the product that consumes it,
   so each one is a row maximum in the kernel that quantises it (no tile-wide reduction):
-  forward  Q and K per token (after the same smoothing); V and P~ as in "block".
+  forward  Q and K per token (after the same smoothing); V and P~ as in "block" but over tiles of
+           max(Bkv, 128) keys (validate.forward_kv_block): one INT8 product P^ V^ spans 128 keys.
   backward dV = P^T dO in FP8 e4m3: P with the static scale 1/256 (no maximum: P <= 1), dO per
            (Bq x D) block (amax / 448); the product summed in fp32 per q block (sagebwd.quant);
            dS for dQ = dS K: X = dS * s_K (K's token scale moved into dS, since it runs along
@@ -39,7 +40,7 @@ import torch
 
 from .quant import (P_E4M3_SCALE, QMAX, dequantize_groups, dequantize_tiles, quantize_groups, quantize_row_blocks,
                     quantize_row_blocks_e4m3, quantize_tiles, round_to_e4m3)
-from .validate import QUANT_CONTRACTS
+from .validate import QUANT_CONTRACTS, forward_kv_block
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,11 @@ def forward_quantized(q_hat, s_q, k_hat, s_k, mu_q, k_sm, v: torch.Tensor, cfg: 
     b, h, n, d = v.shape
     ct = compute_dtype(out_dtype)
     sm_scale = 1.0 / math.sqrt(d)
-    v_hat, s_v = quantize_row_blocks(v.to(ct), cfg.block_kv, cfg.quantize)
+    bk = forward_kv_block(cfg.quant, cfg.block_kv)   # keys per tile of P~ and V^
+    v_hat, s_v = quantize_row_blocks(v.to(ct), bk, cfg.quantize)
     s = scores(q_hat, s_q, k_hat, s_k, mu_q, k_sm, cfg, sm_scale)
 
-    tn, bk = n // cfg.block_kv, cfg.block_kv
+    tn = n // bk
     s_tiles = s.reshape(b, h, n, tn, bk)
     t = s_tiles.amax(dim=-1)                                   # tile row max, -inf if fully masked
     t_safe = torch.where(torch.isfinite(t), t, torch.zeros_like(t))

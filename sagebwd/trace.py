@@ -91,7 +91,7 @@ def format_intermediates(stats: dict[str, ErrorStats]) -> str:
 
 def _config_from_args(args, seq: int) -> SageConfig:
     check_blocks(args.block_q, args.block_kv)
-    check_seq_len(seq, args.block_q, args.block_kv)
+    check_seq_len(seq, args.block_q, args.block_kv, args.quant)
     return SageConfig(causal=args.causal, smooth_k=not args.no_smooth_k, smooth_q=args.smooth_q,
                       block_q=args.block_q, block_kv=args.block_kv, quant=args.quant)
 

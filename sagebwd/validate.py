@@ -8,6 +8,10 @@ BACKENDS = ("auto", "simulate", "triton")
 # Quantisation contracts: "block" (the paper's per-block scales), "token" (per-token scales);
 # docs/sagebwd.md states both.
 QUANT_CONTRACTS = ("block", "token")
+# The token contract's forward quantises P~ and V^ per 128-key tile (whatever block_kv, which stays the
+# backward's kv tile): one INT8 product P^ V^ then spans 128 keys, half the kernel's per-tile
+# accumulation work (docs/sagebwd.md, docs/kernel-notes.md "The token forward over 128 keys").
+TOKEN_FORWARD_KV_BLOCK = 128
 SIMULATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -20,6 +24,11 @@ def check_blocks(block_q: int, block_kv: int) -> None:
     for name, b in (("block_q", block_q), ("block_kv", block_kv)):
         if not isinstance(b, int) or b < 16 or b & (b - 1):
             raise SageBwdInputError(f"{name}={b!r} must be a power of two >= 16 (defaults: block_q=128, block_kv=64)")
+
+
+def forward_kv_block(quant: str, block_kv: int) -> int:
+    """Keys per tile of the forward's P~ and V^ quantisation: block_kv, or for "token" at least 128."""
+    return max(block_kv, TOKEN_FORWARD_KV_BLOCK) if quant == "token" else block_kv
 
 
 def check_kernels(kernels: str) -> None:
@@ -39,7 +48,7 @@ def check_quant(quant: str) -> None:
                                 "('block': the paper's per-block scales, 'token': per-token scales)")
 
 
-def check_seq_len(seq_len: int, block_q: int, block_kv: int) -> None:
+def check_seq_len(seq_len: int, block_q: int, block_kv: int, quant: str = "block") -> None:
     multiple = max(block_q, block_kv)
     if seq_len <= 0:
         raise SageBwdInputError(
@@ -51,6 +60,14 @@ def check_seq_len(seq_len: int, block_q: int, block_kv: int) -> None:
             f"sequence length {seq_len} is not a multiple of block_q={block_q} and block_kv={block_kv}: "
             f"pad the sequence to a multiple of {multiple} (e.g. {padded}) or pass smaller blocks"
         )
+    tile = forward_kv_block(quant, block_kv)
+    if seq_len % tile:
+        multiple = max(multiple, tile)
+        padded = -(-seq_len // multiple) * multiple
+        raise SageBwdInputError(
+            f"sequence length {seq_len} is not a multiple of {tile}: the {quant!r} contract's forward quantises "
+            f"P and V per {tile}-key tile; pad the sequence to a multiple of {multiple} (e.g. {padded}) or use "
+            "quant='block'")
 
 
 def check_tensors(q, k, v) -> None:
@@ -62,7 +79,7 @@ def check_tensors(q, k, v) -> None:
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str, block_q: int,
-                 block_kv: int, check_finite: bool) -> None:
+                 block_kv: int, check_finite: bool, quant: str = "block") -> None:
     check_tensors(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -85,7 +102,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: 
         raise SageBwdInputError(
             f"head_dim {head_dim} is not supported; SageBwd supports head_dim in {SUPPORTED_HEAD_DIMS}")
     check_blocks(block_q, block_kv)
-    check_seq_len(q.shape[-2], block_q, block_kv)
+    check_seq_len(q.shape[-2], block_q, block_kv, quant)
     if q.numel() == 0:
         raise SageBwdInputError(f"q, k, v of shape {tuple(q.shape)} are empty (a zero batch or head "
                                 "count); skip the call for empty inputs")

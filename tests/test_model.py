@@ -151,6 +151,7 @@ def test_untied_embeddings_add_an_lm_head():
     (dict(smoothing="k"), "only applies to attention='sagebwd'"),
     (dict(quant="token"), "model.quant='token' only applies to attention='sagebwd'"),
     (dict(attention="sagebwd", quant="int4"), "quant"),
+    (dict(attention="sagebwd", quant="token", seq_len=192, block_q=64), "multiple of 128 for model.quant='token'"),
     (dict(hidden_size=100, num_heads=3), "divisible by model.num_heads"),
     (dict(num_layers=0), "num_layers must be positive"),
     (dict(attention="flash"), "attention"),

@@ -122,23 +122,21 @@ def test_cli_rejects_bad_values_by_name(argv, message, capsys):
 
 
 def test_wide_tile_forwards_are_the_simulations_own():
-    """p128 is the contract's forward with block_kv = 128 (O and LSE bit for bit) fed to the backward at
-    the config's block_kv; the helper at block_kv with V per block is variant a's forward."""
-    from dataclasses import replace
-    from sagebwd.simulate import backward, forward
+    """The helper at the contract's forward tile (128 keys) with V per block is the contract's forward (O
+    and LSE bit for bit), so p128 is variant a; at block_kv it is the forward as it was before (16-key
+    tiles here), whose O differs. vc and p128vc move O by less than the contract's own error of O."""
+    from sagebwd.simulate import forward
     from tools.quant_study import _tiled_pv_output
     q, k, v, do = gaussian_inputs(3.0, 1, 2, 256, 64, 0)
     cfg = SageConfig(causal=True, block_q=32, block_kv=16, quant="token")
     o, saved = forward(q, k, v, cfg)
-    o_a, lse_a = _tiled_pv_output(saved, cfg, cfg.block_kv, False)
+    o_a, lse_a = _tiled_pv_output(saved, cfg, 128, False)
     assert torch.equal(o_a, o) and torch.equal(lse_a, saved.lse)
-    o_128, saved_128 = forward(q, k, v, replace(cfg, block_kv=128))
+    o_16, _ = _tiled_pv_output(saved, cfg, cfg.block_kv, False)
+    assert not torch.equal(o_16, o)
     out = run_variants(q, k, v, do, cfg, ["a", "p128", "vc", "p128vc"])
-    assert torch.equal(out["p128"]["o"], o_128)
-    dq, dk, dv = backward(saved._replace(o=o_128, lse=saved_128.lse), do, cfg)
-    assert torch.equal(out["p128"]["dq"], dq) and torch.equal(out["p128"]["dk"], dk)
-    assert torch.equal(out["p128"]["dv"], out["a"]["dv"])   # dV = P^T dO sees neither O nor the LSE's rounding
-    for name in ("p128", "vc", "p128vc"):      # O moves, by less than the contract's own error of O
+    assert all(torch.equal(out["p128"][c], out["a"][c]) for c in ("o", "dq", "dk", "dv"))
+    for name in ("vc", "p128vc"):      # O moves, by less than the contract's own error of O
         err = (out[name]["o"].float() - out["a"]["o"].float()).norm() / out["a"]["o"].float().norm()
         assert torch.isfinite(out[name]["o"]).all() and 0 < err < 0.03, name
 

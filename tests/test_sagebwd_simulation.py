@@ -56,7 +56,8 @@ def test_fpa_intermediates_match_autograd_float64(causal):
 @pytest.mark.parametrize("smooth_k,smooth_q", [(False, False), (True, False), (True, True), (False, True)])
 def test_backward_equals_autograd_of_forward_without_quantisation(causal, smooth_k, smooth_q, quant):
     # Nonzero means make the smoothing terms matter.
-    q, k, v, do = qkvdo(q_mean=0.7, k_mean=-0.5)
+    # (the token contract's forward tiles are 128 keys: a sequence of 128 holds one)
+    q, k, v, do = qkvdo(n=128 if quant == "token" else 64, q_mean=0.7, k_mean=-0.5)
     cfg = SageConfig(causal=causal, smooth_k=smooth_k, smooth_q=smooth_q, quantize=False, quant=quant, **SMALL)
     qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
     o_auto, _ = forward(qa, ka, va, cfg)
@@ -226,9 +227,9 @@ def test_error_grows_with_sigma_at_small_seq():
 # --- the "token" contract ---------------------------------------------------------------------
 
 def test_token_contract_scales_q_and_k_per_token():
-    q, k, v, _ = qkvdo(n=64, dtype=torch.float32, scale=2.0)
+    q, k, v, _ = qkvdo(n=128, dtype=torch.float32, scale=2.0)
     _, saved = forward(q, k, v, SageConfig(quant="token", **SMALL))
-    assert saved.s_q.shape == saved.s_k.shape == (2, 2, 64)
+    assert saved.s_q.shape == saved.s_k.shape == (2, 2, 128)
     k_sm = k - k.mean(-2, keepdim=True)
     torch.testing.assert_close(saved.s_k, k_sm.abs().amax(-1) / 127, rtol=1e-6, atol=0)
     assert saved.q_hat.abs().amax(-1).eq(127).all() and saved.k_hat.abs().amax(-1).eq(127).all()
@@ -236,7 +237,7 @@ def test_token_contract_scales_q_and_k_per_token():
 
 def test_token_contract_keeps_rows_independent():
     """A q row's O and dQ depend on no other q row (block scales couple the rows of a block)."""
-    q, k, v, do = qkvdo(n=64, dtype=torch.float32)
+    q, k, v, do = qkvdo(n=128, dtype=torch.float32)
     q2, do2 = q.clone(), do.clone()
     q2[..., 40:, :] *= 30      # another q row of the same 32-row block, far larger
     do2[..., 40:, :] *= 30
@@ -280,6 +281,9 @@ def _bad(match, *args, **kw):
 def test_bad_inputs_are_rejected_with_a_fix():
     x = torch.randn(1, 2, 128, 64)
     _bad("not a multiple of block_q=128 and block_kv=64.*384", *(torch.randn(1, 2, 300, 64),) * 3)
+    # the token contract's forward quantises P and V per 128 keys, whatever the blocks
+    _bad("not a multiple of 128: the 'token' contract's forward.*e.g. 256.*quant='block'",
+         *(torch.randn(1, 2, 192, 64),) * 3, block_q=64, block_kv=64, quant="token")
     _bad("head_dim 96 is not supported", *(torch.randn(1, 2, 128, 96),) * 3)
     _bad("same shape", x, x, torch.randn(1, 2, 128, 128))
     _bad("expected 4 dims", x[0], x[0], x[0])

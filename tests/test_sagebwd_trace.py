@@ -42,6 +42,8 @@ def test_tensors_trace_from_a_saved_dict(tmp_path, capsys):
 def test_cli_rejects_bad_input_clearly(tmp_path, capsys):
     assert main(["sigma", "--seq", "100", "--head-dim", "64"]) == 2
     assert "not a multiple of block_q=128" in capsys.readouterr().err
+    assert main(["sigma", "--seq", "192", "--head-dim", "64", "--block-q", "64", "--quant", "token"]) == 2
+    assert "the 'token' contract's forward quantises P and V per 128-key tile" in capsys.readouterr().err
     assert main(["sigma", "--seq", "128", "--head-dim", "80"]) == 2
     assert "--head-dim 80 is not supported" in capsys.readouterr().err
     assert main(["tensors", "--input", str(tmp_path / "missing.pt")]) == 2

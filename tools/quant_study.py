@@ -42,12 +42,14 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
 
   p128  the forward's P~ per (q token, 128-key tile): t = the row max over 128 keys (masked keys
      excluded), P^ = round(127 exp(S - t)), V per (128 x D) block (amax / 127), w = exp(t - m) per
-     128-key tile: one INT8 product P^ V^ spans 128 keys. l from the float P~ as in the contract. Equals
-     ``forward_quantized`` with block_kv = 128 (tests check it); the backward keeps block_kv. O and the
-     LSE (which moves by float rounding only) feed the backward.
-  vc  P~ as in the contract (per block_kv tile); V INT8 per channel over the whole sequence (amax of
-     column d over all N tokens / 127), its scale applied to O's column d after the product (as
-     SageAttention2 does), so V's scale no longer bounds the tile a product may span.
+     128-key tile: one INT8 product P^ V^ spans 128 keys. l from the float P~ as in the contract. The
+     contract's forward since 2026-11-27 (validate.forward_kv_block), so a and p128 are now the same
+     (tests check it); studied when a's tiles were block_kv keys (docs/kernel-notes.md). O and the LSE
+     (which moves by float rounding only) feed the backward, which keeps block_kv.
+  vc  P~ per block_kv tile (the contract's forward before 2026-11-27); V INT8 per channel over the
+     whole sequence (amax of column d over all N tokens / 127), its scale applied to O's column d
+     after the product (as SageAttention2 does), so V's scale no longer bounds the tile a product
+     may span.
   p128vc  both: P~ per 128-key tile and V per channel.
   Not in the default list (``--variants a p128 vc p128vc``).
 
@@ -72,7 +74,7 @@ from sagebwd.fpa import fpa_attention
 from sagebwd.quant import E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks, round_to_e4m3
 from sagebwd.simulate import SageConfig, backward, compute_dtype, forward, forward_quantized, scores, smooth
 from sagebwd.trace import error_stats, gaussian_inputs
-from sagebwd.validate import SUPPORTED_HEAD_DIMS
+from sagebwd.validate import SUPPORTED_HEAD_DIMS, forward_kv_block
 
 VARIANTS = {
     "a": "token contract (baseline; dV in FP8 since 2026-11-27)",
@@ -169,9 +171,10 @@ def _quantized_sum_output(saved, cfg: SageConfig):
     P~ (what a kernel gets from the tensor cores with a column of ones beside V^, for free); the
     numerator as the contract's forward computes it (simulate.forward_quantized)."""
     b, h, n, d = saved.v.shape
-    tn, bk = n // cfg.block_kv, cfg.block_kv
+    bk = forward_kv_block(cfg.quant, cfg.block_kv)   # the contract's forward tile
+    tn = n // bk
     ct = compute_dtype(saved.v.dtype)
-    v_hat, s_v = quantize_row_blocks(saved.v.to(ct), cfg.block_kv, cfg.quantize)
+    v_hat, s_v = quantize_row_blocks(saved.v.to(ct), bk, cfg.quantize)
     s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, 1.0 / math.sqrt(d))
     s_tiles = s.reshape(b, h, n, tn, bk)
     t = s_tiles.amax(dim=-1)

@@ -1,7 +1,8 @@
 """Forward kernel (the paper's Algorithm 1) on pre-quantised Q, K, V.
 
-One program per (BLOCK_M q rows, batch*head), BLOCK_M a divisor of block_q; BLOCK_N = block_kv
-rows of K/V, so each kv tile is one quantisation block. S = int(Q^ K^T) * s_Q * s_K * sm_scale is
+One program per (BLOCK_M q rows, batch*head), BLOCK_M a divisor of block_q; BLOCK_N = the forward's
+kv tile (validate.forward_kv_block: block_kv, at least 128 keys in the token contract), so each kv
+tile is one quantisation block of V and of P~. S = int(Q^ K^T) * s_Q * s_K * sm_scale is
 kept in log2 units (log2(e) folded into the scale, so exponentials are exp2). Per kv tile j:
 t = rowmax(S_j); P^ = round(127 * exp(S_j - t)) is the paper's per-token quantisation (it does
 not depend on the running max m), and the online softmax weights the tile by w = exp(t - m).
@@ -18,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..validate import forward_kv_block
 from . import registry
 from ._common import LN2, LOG2E, empty_in_layout_of, int_to_float, round_scaled_to_int8, to_k_order
 from .launch import Tuning, arch_for, launch, launch_settings, overrides
@@ -208,15 +210,15 @@ def forward_rows(block_q: int, head_dim: int, tuning: Tuning | None = None) -> i
     return min(overrides(tuning).get("forward_rows", 64), block_q)
 
 
-def _launch_settings(rows: int, head_dim: int, token: bool, tuning: Tuning | None) -> dict:
+def _launch_settings(rows: int, head_dim: int, keys: int, causal: bool, tuning: Tuning | None) -> dict:
+    """keys: kv rows per tile (BLOCK_N). H100 sweeps (docs/kernel-notes.md, "The token forward over 128 keys")."""
     warps = 8 if rows * head_dim >= 128 * 128 else 4
     default = dict(num_warps=warps, num_stages=3)
-    if rows * head_dim <= 64 * 64:
+    if rows * head_dim <= 64 * 64 and keys == 128:
+        # 168 registers, 3 programs per SM, causal; without the mask 128 (144 B spilled), 4 per SM, is faster
+        default["maxnreg"] = 168 if causal else 128
+    elif rows * head_dim <= 64 * 64:
         default["maxnreg"] = 128   # 130 by choice, 128 fits 4 programs per SM (8 bytes spilled)
-    elif token and rows * head_dim == 64 * 128:
-        # O's accumulator in two halves (SPLIT) takes the kernel from 236 to 199 registers; 168 fits
-        # 3 programs per SM (24 bytes spilled): H100 -2.3% causal, -4.0% full against 2 programs.
-        default["maxnreg"] = 168
     return launch_settings("forward", default, tuning)
 
 
@@ -229,13 +231,14 @@ def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, 
     lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
     kf = k if smooth_q else q8
     rows = forward_rows(block_q, d, tuning)
+    keys = forward_kv_block(quant, block_kv)
     launch("forward", _forward_kernel, (n // rows, b * h),
         q8, k8, v8t, s_q, s_k, s_v, o, lse,
         mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,
         *kf.stride(), *o.stride()[:3], 1.0 / math.sqrt(d), h, n,
-        BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=block_kv, HEAD_DIM=d, CAUSAL=causal,
+        BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=keys, HEAD_DIM=d, CAUSAL=causal,
         SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=quant == "token",
-        **_launch_settings(rows, d, quant == "token", tuning),
+        **_launch_settings(rows, d, keys, causal, tuning),
         tuning=tuning)
     return o, lse
 

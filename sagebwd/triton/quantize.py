@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ._common import (E4M3_MAX, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, interpreting, mul_rn, quantize_tile,
                       round_to_int8, to_e4m3, to_k_order)
+from ..validate import forward_kv_block
 from .launch import Tuning, launch
 
 
@@ -73,12 +74,12 @@ def _quantize_blocks_kernel(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN,
 def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_COLS, SK, V_COLS, SV,
                          stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                          stride_vb, stride_vh, stride_vn, stride_vd, H, N,
-                         TILE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         SMOOTH_K: tl.constexpr, SMOOTH_Q: tl.constexpr, COLS: tl.constexpr,
+                         TILE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_V: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr, SMOOTH_Q: tl.constexpr, COLS: tl.constexpr,
                          TOKEN: tl.constexpr):
     """The forward's three quantisations in one launch (program_id(2): Q, K, V), every program a
     tile of TILE rows: Q^ in rows (and cols for the backward), K^ likewise after K-smoothing, V^
-    in cols only. TOKEN: Q and K with one scale per token (V keeps its blocks)."""
+    in cols only, per BLOCK_V rows (the forward's kv tile). TOKEN: Q and K with one scale per token."""
     tile = tl.program_id(0)
     bh = tl.program_id(1)
     which = tl.program_id(2)
@@ -90,7 +91,7 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
                        tile, bh, TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, False, True, COLS, TOKEN)
     else:
         _quantize_tile(V, SV, SV, V_COLS, SV, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N,
-                       tile, bh, TILE, BLOCK_KV, HEAD_DIM, False, False, False, True)
+                       tile, bh, TILE, BLOCK_V, HEAD_DIM, False, False, False, True)
 
 
 @triton.jit
@@ -179,22 +180,24 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
                  k_mean: torch.Tensor | None, smooth_q: bool, cols: bool, token: bool = False,
                  tuning: Tuning | None = None):
     """quantize_blocks of q (block_q; Q-smoothing if smooth_q), k (block_kv; minus k_mean if given)
-    and v (block_kv, cols only) in one launch: (q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v), the
-    cols of q and k only if `cols` (the backward's operands), else None; `token`: Q and K with one
-    scale per token, s_q and s_k (B,H,N). Bit-identical to three
+    and v (the forward's kv tile, validate.forward_kv_block; cols only) in one launch: (q8, q8t, s_q,
+    mu_q, k8, k8t, s_k, v8t, s_v), the cols of q and k only if `cols` (the backward's operands), else
+    None; `token`: Q and K with one scale per token, s_q and s_k (B,H,N). Bit-identical to three
     quantize_blocks calls, in one launch instead of three (~50 us of host time each on an H200's
-    host). Every program takes a tile of max(block_q, block_kv) rows: with the smaller blocks'
+    host). Every program takes a tile of max(block_q, block_kv, V's block) rows: with the smaller blocks'
     programs as launched alone (64 rows, 4 warps at d=128), one launch took the register count
     and warps of the largest and ran 22-57% slower than the three launches together."""
     b, h, n, d = q.shape
     assert k.shape == v.shape == q.shape, "q, k, v must have one shape"
     assert n % block_q == 0 and n % block_kv == 0, f"sequence length {n} is not a multiple of the blocks"
-    # Every program a tile of the larger block; Q-smoothing's block mean needs its block whole.
-    tile = max(block_q, block_kv)
+    block_v = forward_kv_block("token" if token else "block", block_kv)
+    assert n % block_v == 0, f"sequence length {n} is not a multiple of the forward's kv tile {block_v}"
+    # Every program a tile of the largest block; Q-smoothing's block mean needs its block whole.
+    tile = max(block_q, block_kv, block_v)
     if smooth_q and block_q < tile:
         q8, q8t, s_q, mu_q = quantize_blocks(q, block_q, smooth_block=True, cols=cols, token=token, tuning=tuning)
         k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=cols, token=token, tuning=tuning)
-        _, v8t, s_v, _ = quantize_blocks(v, block_kv, rows=False, cols=True, tuning=tuning)
+        _, v8t, s_v, _ = quantize_blocks(v, block_v, rows=False, cols=True, tuning=tuning)
         return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
     dev = q.device
 
@@ -206,14 +209,14 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     q8, k8, v8t = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n)
     q8t, k8t = (i8(b, h, d, n), i8(b, h, d, n)) if cols else (None, None)
     s_q, s_k = (f32(b, h, n), f32(b, h, n)) if token else (f32(b, h, n // block_q), f32(b, h, n // block_kv))
-    s_v = f32(b, h, n // block_kv)
+    s_v = f32(b, h, n // block_v)
     mu_q = f32(b, h, n // block_q, d) if smooth_q else None
     dummy = s_q   # never dereferenced: the matching constexpr flag is off
     launch("quantize", _quantize_qkv_kernel, (n // tile, b * h, 3),
         q, k, v, k_mean if k_mean is not None else dummy, q8, q8t if cols else dummy, s_q,
         mu_q if smooth_q else dummy, k8, k8t if cols else dummy, s_k, v8t, s_v,
         *q.stride(), *k.stride(), *v.stride(), h, n,
-        TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, HEAD_DIM=d, SMOOTH_K=k_mean is not None, SMOOTH_Q=smooth_q,
+        TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None, SMOOTH_Q=smooth_q,
         COLS=cols, TOKEN=token, num_warps=_warps(tile, d), tuning=tuning)
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
 

@@ -135,6 +135,28 @@ def test_bench_rejects_bad_flags_before_looking_for_a_gpu(argv, message, capsys)
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--shapes", "8,8,4096"], "'8,8,4096': expected four positive integers B,H,N,D"),
+    (["--shapes", "8,8,4096,96"], "head dim 64 or 128 and a sequence that is a multiple of 128"),
+    (["--shapes", "8,8,4160,64"], "head dim 64 or 128 and a sequence that is a multiple of 128"),
+])
+def test_forward_tiles_rejects_bad_shapes_before_looking_for_a_gpu(argv, message, capsys):
+    from benchmarks import forward_tiles
+    with pytest.raises(SystemExit) as exit_info:
+        forward_tiles.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_forward_tiles_says_it_needs_a_gpu(monkeypatch, capsys):
+    import torch
+
+    from benchmarks import forward_tiles
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert forward_tiles.main(["--shapes", "1,2,256,64"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_dq_add_bench_says_it_needs_a_gpu(monkeypatch, capsys):
     """The fused-backward cost benchmark is GPU-only: without CUDA it says so and exits 2."""
     import torch

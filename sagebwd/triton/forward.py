@@ -101,8 +101,8 @@ def _forward_tiles(acc, acc2, l_i, m_i, q8, q_scale, offs_m, lo, hi,
             # element of acc). w = exp2(t - m_i) <= 2^RESCALE_LOG2 keeps acc and l in range; O and
             # LSE are the same numbers up to fp32 rounding (FlashAttention-4 does the same). The
             # test is a reduction over the program's rows (shuffles, two CTA barriers, ~30
-            # instructions a tile): at d=128 it skips 64 multiplies a thread (18.9 -> 17.5
-            # instructions per score element), at d=64 only 32, no gain and a spill.
+            # instructions a tile): at d=128 it skips 64 multiplies a thread, at d=64 only 32,
+            # which measured no gain (docs/kernel-notes.md, "The token forward over 128 keys").
             if tl.max((t > m_i + RESCALE_LOG2).to(tl.int32), axis=0) > 0:
                 m_new = tl.maximum(m_i, t)
                 alpha = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
@@ -162,7 +162,8 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
     bias_scale = sm_scale * LOG2E
 
     # SPLIT (token, d=128): O's accumulator and the P V product in two head-dim halves, so that one
-    # half's int32 product is live at a time (_launch_settings: 3 programs per SM instead of 2).
+    # half's int32 product is live at a time: fewer registers (over 64-key tiles it let 3 programs
+    # share an SM; over today's 128-key tiles the kernel takes 255 and 2 programs run per SM).
     SPLIT: tl.constexpr = TOKEN and HEAD_DIM > 64
     ACC_D: tl.constexpr = HEAD_DIM // 2 if SPLIT else HEAD_DIM
     acc = tl.zeros([BLOCK_M, ACC_D], dtype=tl.float32)

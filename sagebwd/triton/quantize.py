@@ -216,8 +216,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
         q, k, v, k_mean if k_mean is not None else dummy, q8, q8t if cols else dummy, s_q,
         mu_q if smooth_q else dummy, k8, k8t if cols else dummy, s_k, v8t, s_v,
         *q.stride(), *k.stride(), *v.stride(), h, n,
-        TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None, SMOOTH_Q=smooth_q,
-        COLS=cols, TOKEN=token, num_warps=_warps(tile, d), tuning=tuning)
+        TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None,
+        SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, num_warps=_warps(tile, d), tuning=tuning)
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
 
 

@@ -1,0 +1,82 @@
+"""The token forward kernel's time by kv tile (block_kv 64 or 128) and register cap, on one GPU.
+
+    python -m benchmarks.forward_tiles [--shapes B,H,N,D ...] [--json PATH]
+
+Times the forward kernel alone (torch.profiler, the inference path: no transposed copies) of
+``sagebwd.triton.attention(..., quant="token")`` with block_kv 64 and 128, and at 128 with the
+register caps that fit 4, 3 or 2 programs per SM (d=64: 128 and 168; d=128: 168 and 255), causal
+and not. The cap is a ``launch.Tuning`` override of the forward's launch; "default" rows run the
+kernel's own settings. Since the token contract's forward quantises per 128-key tile whatever
+block_kv (validate.forward_kv_block, 2026-11-27), its two block_kv rows build the same kernel; the
+64-key rows of docs/kernel-notes.md ("The token forward over 128 keys") were measured on the tree
+before that change (commit f5d734f), where block_kv 64 still meant 64-key tiles.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from benchmarks.attention import _shape
+
+SHAPES = [(8, 16, 4096, 64), (4, 12, 4096, 64), (8, 8, 4096, 128)]
+CAPS = {64: [128, 168], 128: [168, 255]}
+
+
+def forward_ms(shape, causal: bool, block_kv: int, maxnreg: int | None, iters: int = 10) -> dict:
+    """Milliseconds per call of the forward kernel and of the quantise launch."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from sagebwd.triton import attention
+    from sagebwd.triton.launch import Tuning
+    q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    tuning = Tuning(overrides={"forward": {"maxnreg": maxnreg}} if maxnreg else {})
+
+    def call():
+        return attention(q, k, v, causal, True, False, 128, block_kv, "token", tuning=tuning)
+    with torch.no_grad():
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                call()
+            torch.cuda.synchronize()
+    ms = {e.key: e.device_time_total / iters / 1000 for e in prof.key_averages() if e.device_time_total}
+    return {"forward_ms": next(t for name, t in ms.items() if "_forward_kernel" in name),
+            "quantize_ms": next((t for name, t in ms.items() if "quantize" in name), 0.0)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", type=_shape, default=SHAPES, metavar="B,H,N,D")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    for shape in args.shapes:
+        if shape[-1] not in CAPS or shape[2] % 128:
+            ap.error(f"--shapes {','.join(map(str, shape))}: head dim 64 or 128 and a sequence that is a "
+                     "multiple of 128 (the token forward's kv tile)")
+    import torch
+    if not torch.cuda.is_available():
+        print("error: benchmarks.forward_tiles times GPU kernels and needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = []
+    print("| (B,H,N,D) | mask | block_kv | maxnreg | forward ms |")
+    print("|---|---|---|---|---|")
+    for shape in args.shapes:
+        for causal in (True, False):
+            for block_kv, cap in [(64, None), (128, None)] + [(128, c) for c in CAPS[shape[-1]]]:
+                row = {"shape": list(shape), "causal": causal, "block_kv": block_kv, "maxnreg": cap,
+                       **forward_ms(shape, causal, block_kv, cap)}
+                rows.append(row)
+                print(f"| {tuple(shape)} | {'causal' if causal else 'full'} | {block_kv} | {cap or 'default'} | "
+                      f"{row['forward_ms']:.3f} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

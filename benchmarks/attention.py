@@ -582,10 +582,27 @@ def sweep(shapes, kernels=("dkdv", "dv", "dk", "dq", "forward"), impl: str = "sa
     return out
 
 
+def profiled_ms(step, iters: int, warmup: int = 2) -> dict[str, float]:
+    """Milliseconds per call of `step` spent in each CUDA kernel (torch.profiler), after `warmup` calls."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    times = {}
+    for evt in prof.key_averages():
+        total = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+        if total:
+            times[evt.key] = total / iters / 1000.0
+    return times
+
+
 def kernel_times(shape, causal: bool = True, iters: int = 5, layout: str = "contiguous", impl: str = "sage") -> dict:
     """Milliseconds per fwd+bwd spent in each CUDA kernel (torch.profiler), SageBwd only; layout
     "model" profiles model_layout_step instead (its PyTorch copies show up as kernels too)."""
-    from torch.profiler import ProfilerActivity, profile
     b, h, n, d = shape
     if layout == "model":
         model_step, qkv = model_layout_step(impl, shape, causal)
@@ -602,18 +619,7 @@ def kernel_times(shape, causal: bool = True, iters: int = 5, layout: str = "cont
             q.grad = k.grad = v.grad = None
             fn(q, k, v).backward(do)
 
-    for _ in range(2):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            step()
-        torch.cuda.synchronize()
-    times = {}
-    for evt in prof.key_averages():
-        total = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
-        if total:
-            times[evt.key[:60]] = total / iters / 1000.0
+    times = {name[:60]: ms for name, ms in profiled_ms(step, iters).items()}
     times = dict(sorted(times.items(), key=lambda kv: -kv[1]))
     print(f"kernel times {impl} {tuple(shape)} causal={causal} {layout} layout (ms per fwd+bwd): "
           + ", ".join(f"{name} {ms:.3f}" for name, ms in times.items()), flush=True)

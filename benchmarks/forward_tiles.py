@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from benchmarks.attention import _shape
+from benchmarks.attention import _shape, profiled_ms
 
 SHAPES = [(8, 16, 4096, 64), (4, 12, 4096, 64), (8, 8, 4096, 128)]
 CAPS = {64: [128, 168], 128: [168, 255]}
@@ -26,7 +26,6 @@ CAPS = {64: [128, 168], 128: [168, 255]}
 def forward_ms(shape, causal: bool, block_kv: int, maxnreg: int | None, iters: int = 10) -> dict:
     """Milliseconds per call of the forward kernel and of the quantise launch."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from sagebwd.triton import attention
     from sagebwd.triton.launch import Tuning
@@ -36,14 +35,7 @@ def forward_ms(shape, causal: bool, block_kv: int, maxnreg: int | None, iters: i
     def call():
         return attention(q, k, v, causal, True, False, 128, block_kv, "token", tuning=tuning)
     with torch.no_grad():
-        for _ in range(3):
-            call()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                call()
-            torch.cuda.synchronize()
-    ms = {e.key: e.device_time_total / iters / 1000 for e in prof.key_averages() if e.device_time_total}
+        ms = profiled_ms(call, iters, warmup=3)
     return {"forward_ms": next(t for name, t in ms.items() if "_forward_kernel" in name),
             "quantize_ms": next((t for name, t in ms.items() if "quantize" in name), 0.0)}
 

@@ -108,8 +108,9 @@ def test_smoothing_and_blocks_reach_sagebwd_call(smoothing, smooth_q, smooth_k, 
     fake = types.ModuleType("sagebwd")
     fake.attention = recording_attention
     monkeypatch.setitem(sys.modules, "sagebwd", fake)
-    model = Llama(micro(attention="sagebwd", smoothing=smoothing, block_q=32, block_kv=16, quant=quant))
-    model(torch.randint(0, 512, (1, 64)))
+    # (the token contract's forward tiles are 128 keys: a sequence of 128)
+    model = Llama(micro(attention="sagebwd", smoothing=smoothing, block_q=32, block_kv=16, quant=quant, seq_len=128))
+    model(torch.randint(0, 512, (1, 128)))
     assert calls == [dict(causal=True, smooth_k=smooth_k, smooth_q=smooth_q,
                           block_q=32, block_kv=16, quant=quant, check_finite=False)] * 2
 

@@ -31,7 +31,9 @@ def test_resume_may_change_how_the_model_is_computed_not_what_it_is(tmp_path):
     from launcher.run_identity import check_resume, identity
 
     def run(**model):
-        return build_run_config({"model": {"preset": "micro", "attention": "sagebwd", "smoothing": "k", **model},
+        # seq 128: the token contract's forward tiles are 128 keys
+        return build_run_config({"model": {"preset": "micro", "attention": "sagebwd", "smoothing": "k", "seq_len": 128,
+                                           **model},
                                  "train": {"steps": 4, "micro_batch_size": 2, "tokens_per_step": 256}})
     saved = identity(run(), run_name="r", run_id="x", tracking_uri="sqlite:///m.db")
     ok = check_resume(saved, run(sagebwd_kernels="triton", loss_impl="chunked"), run_name="r",

@@ -64,7 +64,7 @@ def test_grid_job_tags_parent_run_and_reopen_keeps_one_run(tmp_path, monkeypatch
     assert tags["tps"] == "2.1m" and tags["node"] == "b200" and tags["tokens_per_step"] == "256"
     assert tags["quant"] == "none"   # fpa has no quantisation contract
     token = build_run_config({"model": {"preset": "micro", "attention": "sagebwd", "smoothing": "k",
-                                        "quant": "token"},
+                                        "quant": "token", "seq_len": 128},
                               "train": {"steps": 4, "micro_batch_size": 2, "tokens_per_step": 256}})
     assert grid_tags(token)["quant"] == "token" and "-quant_token-" in default_run_name(token)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -8,9 +8,10 @@ BACKENDS = ("auto", "simulate", "triton")
 # Quantisation contracts: "block" (the paper's per-block scales), "token" (per-token scales);
 # docs/sagebwd.md states both.
 QUANT_CONTRACTS = ("block", "token")
-# The token contract's forward quantises P~ and V^ per 128-key tile (whatever block_kv, which stays the
-# backward's kv tile): one INT8 product P^ V^ then spans 128 keys, half the kernel's per-tile
-# accumulation work (docs/sagebwd.md, docs/kernel-notes.md "The token forward over 128 keys").
+# The token contract's forward quantises P~ and V^ per tile of max(block_kv, 128) keys (block_kv stays
+# the backward's kv tile): one INT8 product P^ V^ then spans 128 keys, half the kernel's per-tile
+# accumulation work at the default block_kv = 64 (docs/sagebwd.md, docs/kernel-notes.md "The token
+# forward over 128 keys").
 TOKEN_FORWARD_KV_BLOCK = 128
 SIMULATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_DTYPES = (torch.float16, torch.bfloat16)

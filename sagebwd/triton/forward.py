@@ -211,11 +211,11 @@ def forward_rows(block_q: int, head_dim: int, tuning: Tuning | None = None) -> i
     return min(overrides(tuning).get("forward_rows", 64), block_q)
 
 
-def _launch_settings(rows: int, head_dim: int, keys: int, causal: bool, tuning: Tuning | None) -> dict:
+def _launch_settings(rows: int, head_dim: int, keys: int, causal: bool, token: bool, tuning: Tuning | None) -> dict:
     """keys: kv rows per tile (BLOCK_N). H100 sweeps (docs/kernel-notes.md, "The token forward over 128 keys")."""
     warps = 8 if rows * head_dim >= 128 * 128 else 4
     default = dict(num_warps=warps, num_stages=3)
-    if rows * head_dim <= 64 * 64 and keys == 128:
+    if token and rows * head_dim <= 64 * 64 and keys == 128:
         # 168 registers, 3 programs per SM, causal; without the mask 128 (144 B spilled), 4 per SM, is faster
         default["maxnreg"] = 168 if causal else 128
     elif rows * head_dim <= 64 * 64:
@@ -239,7 +239,7 @@ def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, 
         *kf.stride(), *o.stride()[:3], 1.0 / math.sqrt(d), h, n,
         BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=keys, HEAD_DIM=d, CAUSAL=causal,
         SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=quant == "token",
-        **_launch_settings(rows, d, keys, causal, tuning),
+        **_launch_settings(rows, d, keys, causal, quant == "token", tuning),
         tuning=tuning)
     return o, lse
 

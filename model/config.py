@@ -138,7 +138,7 @@ class ModelConfig(BaseModel):
                         f"({getattr(self, block)}) for attention='sagebwd'; change seq_len or "
                         f"set a smaller {block}")
             tile = forward_kv_block(self.quant, self.block_kv)
-            if self.seq_len % tile and self.quant in QUANT_CONTRACTS:
+            if tile != self.block_kv and self.seq_len % tile:   # (else the block_kv check above says it)
                 problems.append(
                     f"model.seq_len ({self.seq_len}) must be a multiple of {tile} for model.quant="
                     f"{self.quant!r} (its forward quantises P and V per {tile}-key tile); change seq_len or "

@@ -37,15 +37,9 @@ def disassemble(cubin: bytes) -> str:
         return subprocess.run([tool[0], "-c", f.name], capture_output=True, text=True, check=True).stdout
 
 
-def instructions_and_loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]:
-    """The instruction texts in order, and (first, last) index of every loop: a branch back. A
-    conditional one anywhere; an unconditional one only before the kernel's last EXIT (a rotated
-    loop, whose exit test sits inside it: the causal d=128 dK pass with its diagonal block peeled).
-    After the last EXIT,
-    an unconditional branch back is no loop: ptxas puts an mbarrier wait's retry path there and
-    jumps back from it into the kernel (Gluon kernels), which would look like a loop around
-    everything between."""
-    instructions, labels, loops = [], {}, []
+def _parse(sass: str) -> tuple[list[str], dict[str, int]]:
+    """The instruction texts in order, and the index of the instruction each label stands before."""
+    instructions, labels = [], {}
     for line in sass.splitlines():
         label = re.match(r"\s*(\.L_x_\d+):", line)
         if label:
@@ -54,6 +48,19 @@ def instructions_and_loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]
         ins = re.match(r"\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
         if ins:
             instructions.append(ins.group(1))
+    return instructions, labels
+
+
+def instructions_and_loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """The instruction texts in order, and (first, last) index of every loop: a branch back. A
+    conditional one anywhere; an unconditional one only before the kernel's last EXIT (a rotated
+    loop, whose exit test sits inside it: the causal d=128 dK pass with its diagonal block peeled).
+    After the last EXIT,
+    an unconditional branch back is no loop: ptxas puts an mbarrier wait's retry path there and
+    jumps back from it into the kernel (Gluon kernels), which would look like a loop around
+    everything between."""
+    instructions, labels = _parse(sass)
+    loops = []
     exits = [i for i, text in enumerate(instructions) if opcode(text) == "EXIT"]
     last_exit = exits[-1] if exits else len(instructions)
     for i, text in enumerate(instructions):
@@ -119,15 +126,8 @@ def branched_in_loop(sass: str, span: tuple[int, int]) -> int:
     """Instructions of the loop span that a trip skips when every conditional forward branch inside
     it is taken: a block behind a rarely true test (the token forward's lazy rescaling at d=128) is
     counted in the loop but seldom runs."""
+    instructions, labels = _parse(sass)
     skipped = set()
-    labels, index = {}, 0
-    for line in sass.splitlines():
-        label = re.match(r"\s*(\.L_x_\d+):", line)
-        if label:
-            labels[label.group(1)] = index
-        elif re.match(r"\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;", line):
-            index += 1
-    instructions, _ = instructions_and_loops(sass)
     first, last = span
     for i in range(first, last):
         target = re.match(r"@!?U?P[T0-9]+\s+BRA\b.*?(\.L_x_\d+)", instructions[i])

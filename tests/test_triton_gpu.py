@@ -329,3 +329,30 @@ def test_direct_launches_match_the_jit_launches(quant, head_dim, monkeypatch):
     assert jit_runs, "an unaligned v reused a kernel compiled for aligned tensors"
     for a, b in zip(first, third):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("quant", ["block", "token"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_sections_of_heads_change_no_bit(quant, head_dim, monkeypatch):
+    """The forward's and dQ's programs start in schedule.py's order; a tile's arithmetic does not depend
+    on it. Five heads, causal, in one section of five (the default at this size) and in narrower ones (an
+    L2 budget of two heads' dQ operands: dQ 2, 2, 1 and forward 3, 2) give the same bits."""
+    from sagebwd.triton import attention, schedule
+
+    def fwd_bwd(q, k, v, do):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        o = attention(q, k, v, True, True, False, 128, 64, quant)
+        o.backward(do)
+        return [t.clone() for t in (o, q.grad, k.grad, v.grad)]
+
+    torch.manual_seed(0)
+    n = 1024
+    q, k, v, do = (torch.randn(1, 5, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    one_section = fwd_bwd(q, k, v, do)
+    # the dQ's kv side per head: K^, K^T (1 byte an element) and V (2 bytes); the forward's K^ and V^
+    monkeypatch.setattr(schedule, "L2_SECTION_BYTES", 2 * 4 * n * head_dim + 1)
+    assert schedule.heads_per_section(True, 5, (torch.empty(5, 4 * n * head_dim, dtype=torch.int8),)) == 2
+    assert schedule.heads_per_section(True, 5, (torch.empty(5, 2 * n * head_dim, dtype=torch.int8),)) == 3
+    sections_of_two = fwd_bwd(q, k, v, do)
+    for name, a, b in zip(("O", "dQ", "dK", "dV"), one_section, sections_of_two):
+        assert torch.equal(a, b), name

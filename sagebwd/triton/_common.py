@@ -39,6 +39,21 @@ def interpreting() -> bool:
 INTERPRETING = tl.constexpr(interpreting())   # fixed at import, like Triton's own reading of the variable
 
 
+@triton.jit
+def program_tile(TILES, SECTION):
+    """(rank, bh): the tile rank and head of this program in a grid of schedule.tile_grid(TILES, B*H), in
+    schedule.py's order: heads in sections of SECTION, rank-major inside a section (SECTION 1: head-major).
+    Rank 0 is the tile with the most work under the causal mask; each kernel maps rank to its tile.
+    Callable from Gluon kernels too."""
+    lin = tl.program_id(0)
+    span = SECTION * TILES
+    section = lin // span
+    first = section * SECTION
+    local = lin - section * span
+    width = tl.minimum(SECTION, tl.num_programs(0) // TILES - first)   # the last section may be narrower
+    return local // width, first + local % width
+
+
 # Float -> int8 without a conversion instruction (F2I runs at 1/8 of the fp32 rate, and P and
 # dS need one per score element): adding 1.5 * 2**23 to a float with |x| < 2**22 leaves no
 # fraction bits, so the FPU rounds it to an integer with its default mode (ties to even, like

@@ -40,10 +40,11 @@ import triton.language as tl
 
 from ..quant import P_E4M3_LOG2   # a host number here (the kernels' constexprs come from _common)
 from . import registry
-from ._common import (DS_SPAN, LOG2E, P_E4M3_SCALE, empty_in_layout_of, int_to_float, interpreting,
+from ._common import (DS_SPAN, LOG2E, P_E4M3_SCALE, empty_in_layout_of, int_to_float, interpreting, program_tile,
                       round_scaled_to_int8, saturated_ds_to_int8, tile_scales, to_e4m3, to_k_order)
 from .forward import smooth_q_bias
 from .launch import Tuning, arch_for, launch, launch_settings, overrides
+from .schedule import heads_per_section, tile_grid
 
 # What one dK/dV launch computes (the PASS constexpr).
 BOTH = tl.constexpr(0)
@@ -121,14 +122,14 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
                stride_dob, stride_doh, stride_don, stride_dod,
                stride_kfb, stride_kfh, stride_kfn, stride_kfd,
                stride_gb, stride_gh, stride_gn,
-               sm_scale, H, N,
+               sm_scale, H, N, SECTION,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr,
                DOT_F32: tl.constexpr, TOKEN: tl.constexpr):
     """BLOCK_M = block_q, BLOCK_N = block_kv: each iteration is exactly one quantisation tile."""
-    # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
+    # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).
+    rank, bh = program_tile(N // BLOCK_M, SECTION)
+    pid_m = N // BLOCK_M - 1 - rank
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     start_m = pid_m * BLOCK_M
@@ -487,8 +488,9 @@ def run_dq(c: BackwardCall, tuning: Tuning | None = None) -> None:
     """The Triton dQ kernel (registry: dq "triton")."""
     b, h, n, d = c.q8.shape
     tail, flags = _triton_args(c)
-    launch("dq", _dq_kernel, (n // c.block_q, b * h),
+    launch("dq", _dq_kernel, tile_grid(n // c.block_q, b * h),
         c.q8, c.s_q, c.k8, c.k8t, c.s_k, c.v, c.do, c.lse2, c.delta, c.dq, c.tile_scales, *tail,
+        heads_per_section(c.causal, b * h, (c.k8, c.k8t, c.v)),
         BLOCK_M=c.block_q, BLOCK_N=c.block_kv, **flags,
         **launch_settings("dq", _dq_launch(c.block_q, c.block_kv, d), tuning), tuning=tuning)
 

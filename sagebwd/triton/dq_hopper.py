@@ -51,6 +51,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from ._common import program_tile
 from .dkdv_hopper import _int8_bits, _row_scales, _seq_copy, as_a_operand
 
 Q_ROWS = 128    # q rows per program = block_q
@@ -388,16 +389,16 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
 
 @gluon.jit
 def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn,
-               TILE_SCALES, sm_scale, N, H, sk_desc,
+               TILE_SCALES, sm_scale, N, H, SECTION, sk_desc,
                HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
                STAGES: gl.constexpr, WS: gl.constexpr, PRODUCER_REGS: gl.constexpr, TOKEN: gl.constexpr):
     """TOKEN: the token contract (SQ, SK per token, sk_desc SK's TMA view in boxes of a tile pair;
     TILE_SCALES unused), else the block contract (sk_desc unused)."""
     gl.static_assert(Q_ROWS == 2 * KV_ROWS, "the causal diagonal is the block's last tile pair")
     nw: gl.constexpr = gl.num_warps()
-    # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    bh = gl.program_id(1)
+    # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).
+    rank, bh = program_tile(N // Q_ROWS, SECTION)
+    pid_m = N // Q_ROWS - 1 - rank
     start_m = pid_m * Q_ROWS
     row0 = bh * N
     vb = bh // H

@@ -21,8 +21,9 @@ import triton.language as tl
 
 from ..validate import forward_kv_block
 from . import registry
-from ._common import LN2, LOG2E, empty_in_layout_of, int_to_float, round_scaled_to_int8, to_k_order
+from ._common import LN2, LOG2E, empty_in_layout_of, int_to_float, program_tile, round_scaled_to_int8, to_k_order
 from .launch import Tuning, arch_for, launch, launch_settings, overrides
+from .schedule import heads_per_section, tile_grid
 
 
 @triton.jit
@@ -134,12 +135,12 @@ def _forward_tiles(acc, acc2, l_i, m_i, q8, q_scale, offs_m, lo, hi,
 @triton.jit
 def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
                     stride_kfb, stride_kfh, stride_kfn, stride_kfd, stride_ob, stride_oh, stride_on,
-                    sm_scale, H, N,
+                    sm_scale, H, N, SECTION,
                     BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                     CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, TOKEN: tl.constexpr):
-    # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
+    # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).
+    rank, bh = program_tile(N // BLOCK_M, SECTION)
+    pid_m = N // BLOCK_M - 1 - rank
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -233,10 +234,10 @@ def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, 
     kf = k if smooth_q else q8
     rows = forward_rows(block_q, d, tuning)
     keys = forward_kv_block(quant, block_kv)
-    launch("forward", _forward_kernel, (n // rows, b * h),
+    launch("forward", _forward_kernel, tile_grid(n // rows, b * h),
         q8, k8, v8t, s_q, s_k, s_v, o, lse,
         mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,
-        *kf.stride(), *o.stride()[:3], 1.0 / math.sqrt(d), h, n,
+        *kf.stride(), *o.stride()[:3], 1.0 / math.sqrt(d), h, n, heads_per_section(causal, b * h, (k8, v8t)),
         BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=keys, HEAD_DIM=d, CAUSAL=causal,
         SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=quant == "token",
         **_launch_settings(rows, d, keys, causal, quant == "token", tuning),

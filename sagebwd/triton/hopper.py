@@ -15,6 +15,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from . import dkdv_hopper, dkdv_ws_hopper, dq_hopper
 from .launch import Tuning, launch
+from .schedule import heads_per_section, tile_grid
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,10 +108,11 @@ def dq_launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *
     args = (desc(q8.reshape(rows, d), [q_rows, d]), seq_desc(do, q_rows),
             desc(k8.reshape(rows, d), [2 * kv_rows, d]), desc(k8t.reshape(b * h * d, n), [d, 2 * kv_rows]),
             seq_desc(v, 2 * kv_rows), s_q, s_k, lse2, delta, dq, *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h,
+            heads_per_section(causal, b * h, (k8, k8t, v)),
             desc((s_k if token else lse2).reshape(rows), [2 * kv_rows]))   # block: unused
     kwargs = dict(HEAD_DIM=d, Q_ROWS=q_rows, KV_ROWS=kv_rows, CAUSAL=causal, STAGES=dq_hopper.STAGES, num_warps=8,
                   WS=ws, PRODUCER_REGS=dq_hopper.PRODUCER_REGS, TOKEN=token)
-    return (n // q_rows, b * h), args, kwargs
+    return tile_grid(n // q_rows, b * h), args, kwargs
 
 
 def run_dq(c, tuning: Tuning | None = None, *, ws: bool) -> None:

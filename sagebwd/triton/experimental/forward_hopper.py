@@ -27,7 +27,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .._common import program_tile
 from ..dkdv_hopper import as_a_operand
+from ..schedule import heads_per_section, tile_grid
 
 G_LOG2E = gl.constexpr(1.4426950408889634)
 G_LN2 = gl.constexpr(0.6931471805599453)
@@ -94,6 +96,7 @@ def _step(j, n_tiles, acc, l_i, m_i, alpha, c, p8, q_smem, k_smem, v_smem, bars,
 
 @gluon.jit
 def _forward_kernel(q_desc, k_desc, v_desc, SQ, SK, SV, O, LSE, stride_ob, stride_oh, stride_on, sm_scale, N, H,
+                    SECTION,
                     BLOCK_M: gl.constexpr, Q_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     gl.static_assert(BLOCK_M == BLOCK_N, "the causal diagonal must be exactly the last tile")
@@ -105,9 +108,9 @@ def _forward_kernel(q_desc, k_desc, v_desc, SQ, SK, SV, O, LSE, stride_ob, strid
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    # Causal: the last q blocks see the most keys; run them first so the short ones fill the tail.
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    bh = gl.program_id(1)
+    # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).
+    rank, bh = program_tile(N // BLOCK_M, SECTION)
+    pid_m = N // BLOCK_M - 1 - rank
     start_m = pid_m * BLOCK_M
     if CAUSAL:
         n_tiles = pid_m + 1
@@ -196,12 +199,13 @@ def descriptors(q8, k8, v8t):
 def launch_args(q8, k8, v8t, s_q, s_k, s_v, o, lse, *, causal: bool, block_q: int):
     """(grid, args, kwargs) of one launch; shared by forward() and the offline compiler."""
     b, h, n, d = q8.shape
-    args = (*descriptors(q8, k8, v8t), s_q, s_k, s_v, o, lse, *o.stride()[:3], 1.0 / math.sqrt(d), n, h)
+    args = (*descriptors(q8, k8, v8t), s_q, s_k, s_v, o, lse, *o.stride()[:3], 1.0 / math.sqrt(d), n, h,
+            heads_per_section(causal, b * h, (k8, v8t)))
     kwargs = dict(BLOCK_M=BLOCK, Q_BLOCK=block_q, BLOCK_N=BLOCK, HEAD_DIM=d, CAUSAL=causal, STAGES=STAGES,
                   num_warps=4)
     if d == 64:   # 4 programs per SM: causal (8,16,4096,64) 0.888 -> 0.822 ms on an H200 (10 B spilled)
         kwargs["maxnreg"] = 128
-    return (n // BLOCK, b * h), args, kwargs
+    return tile_grid(n // BLOCK, b * h), args, kwargs
 
 
 def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, mu_q, k, k_mean, block_q: int,

@@ -121,7 +121,7 @@ def test_loop_mix_counts_one_exp_per_score_element(kernels):
         if (family in gluon) == gluon_by_default:
             # except one reload in the block contract's d=64 forward at its 128-register cap (4 programs per
             # SM): with its programs in schedule.py's order one more value is live across the loop, and the
-            # same H100 run measured it 4-10% faster causal, no slower without the mask (docs/kernel-notes.md)
+            # H100 measured it 5-10% faster causal, no slower without the mask (docs/kernel-notes.md)
             allowed = 1 if (d, name) == (64, "forward") else 0
             assert r["causal_loop_local_ops"] <= allowed, f"d={d} {name}: the causal build spills inside its loops"
         if family == "dkdv" and "dkdv" in gluon:

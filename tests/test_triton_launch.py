@@ -135,25 +135,35 @@ def test_bench_rejects_bad_flags_before_looking_for_a_gpu(argv, message, capsys)
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv,message", [
+_SHAPE_ERRORS = [
     (["--shapes", "8,8,4096"], "'8,8,4096': expected four positive integers B,H,N,D"),
     (["--shapes", "8,8,4096,96"], "head dim 64 or 128 and a sequence that is a multiple of 128"),
     (["--shapes", "8,8,4160,64"], "head dim 64 or 128 and a sequence that is a multiple of 128"),
+]
+
+
+@pytest.mark.parametrize("module,argv,message", [("forward_tiles", *e) for e in _SHAPE_ERRORS] + [
+    ("sections", *e) for e in _SHAPE_ERRORS] + [
+    ("sections", ["--budgets-mib", "16", "0"], "each budget is a positive number of MiB"),
+    ("sections", ["--rounds", "0"], "--rounds 0: at least 1"),
 ])
-def test_forward_tiles_rejects_bad_shapes_before_looking_for_a_gpu(argv, message, capsys):
-    from benchmarks import forward_tiles
+def test_token_forward_benchmarks_reject_bad_arguments_before_looking_for_a_gpu(module, argv, message, capsys):
+    import importlib
+    bench = importlib.import_module(f"benchmarks.{module}")
     with pytest.raises(SystemExit) as exit_info:
-        forward_tiles.main(argv)
+        bench.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
 
-def test_forward_tiles_says_it_needs_a_gpu(monkeypatch, capsys):
-    import torch
+@pytest.mark.parametrize("module", ["forward_tiles", "sections"])
+def test_token_forward_benchmarks_say_they_need_a_gpu(module, monkeypatch, capsys):
+    import importlib
 
-    from benchmarks import forward_tiles
+    import torch
+    bench = importlib.import_module(f"benchmarks.{module}")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert forward_tiles.main(["--shapes", "1,2,256,64"]) == 2
+    assert bench.main(["--shapes", "1,2,256,64"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 

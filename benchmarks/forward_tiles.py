@@ -40,18 +40,37 @@ def forward_ms(shape, causal: bool, block_kv: int, maxnreg: int | None, iters: i
             "quantize_ms": next((t for name, t in ms.items() if "quantize" in name), 0.0)}
 
 
+def check_token_shapes(ap: argparse.ArgumentParser, shapes) -> None:
+    """ap.error unless every --shapes entry has head dim 64 or 128 and a sequence a multiple of 128."""
+    for shape in shapes:
+        if shape[-1] not in CAPS or shape[2] % 128:
+            ap.error(f"--shapes {','.join(map(str, shape))}: head dim 64 or 128 and a sequence that is a "
+                     "multiple of 128 (the token forward's kv tile)")
+
+
+def has_cuda(tool: str) -> bool:
+    """Whether a CUDA GPU is there; if not, says so for `tool` on stderr."""
+    import torch
+    if not torch.cuda.is_available():
+        print(f"error: {tool} times GPU kernels and needs a CUDA GPU", file=sys.stderr)
+    return torch.cuda.is_available()
+
+
+def write_rows(path: str | None, rows: list) -> None:
+    """The rows and the GPU's name as JSON at `path` (nothing without one)."""
+    import torch
+    if path:
+        with open(path, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", type=_shape, default=SHAPES, metavar="B,H,N,D")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
-    for shape in args.shapes:
-        if shape[-1] not in CAPS or shape[2] % 128:
-            ap.error(f"--shapes {','.join(map(str, shape))}: head dim 64 or 128 and a sequence that is a "
-                     "multiple of 128 (the token forward's kv tile)")
-    import torch
-    if not torch.cuda.is_available():
-        print("error: benchmarks.forward_tiles times GPU kernels and needs a CUDA GPU", file=sys.stderr)
+    check_token_shapes(ap, args.shapes)
+    if not has_cuda("benchmarks.forward_tiles"):
         return 2
     rows = []
     print("| (B,H,N,D) | mask | block_kv | maxnreg | forward ms |")
@@ -64,9 +83,7 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"| {tuple(shape)} | {'causal' if causal else 'full'} | {block_kv} | {cap or 'default'} | "
                       f"{row['forward_ms']:.3f} |", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    write_rows(args.json, rows)
     return 0
 
 

@@ -10,10 +10,10 @@ of a token-contract fwd+bwd (`benchmarks.attention.kernel_times`), budgets alter
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from benchmarks.attention import _shape, kernel_times
+from benchmarks.forward_tiles import check_token_shapes, has_cuda, write_rows
 
 SHAPES = [(8, 16, 4096, 64), (4, 12, 4096, 64), (8, 8, 4096, 128)]
 BUDGETS_MIB = [4, 16, 64, 1024]
@@ -30,13 +30,8 @@ def main(argv=None) -> int:
         ap.error(f"--budgets-mib {args.budgets_mib}: each budget is a positive number of MiB")
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: at least 1")
-    for shape in args.shapes:
-        if shape[-1] not in (64, 128) or shape[2] % 128:
-            ap.error(f"--shapes {','.join(map(str, shape))}: head dim 64 or 128 and a sequence that is a "
-                     "multiple of 128 (the token contract's forward tile)")
-    import torch
-    if not torch.cuda.is_available():
-        print("error: benchmarks.sections times GPU kernels and needs a CUDA GPU", file=sys.stderr)
+    check_token_shapes(ap, args.shapes)
+    if not has_cuda("benchmarks.sections"):
         return 2
     from sagebwd.triton import schedule
     rows = []
@@ -53,9 +48,7 @@ def main(argv=None) -> int:
                 rows.append({"shape": list(shape), "budget_mib": mib, "round": r, **pick})
                 print(f"| {tuple(shape)} | {mib} | {r} | {pick['forward']:.3f} | {pick['dq']:.3f} | "
                       f"{pick['dkdv']:.3f} |", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    write_rows(args.json, rows)
     return 0
 
 

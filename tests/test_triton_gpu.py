@@ -294,6 +294,15 @@ def test_backward_allocates_only_the_gradients_and_the_quantised_do(layout):
     assert all(bool(torch.isfinite(g).all()) for g in grads)
 
 
+def _causal_fwd_bwd(q, k, v, do, quant):
+    """(O, dQ, dK, dV) of one causal fwd+bwd of the op with K-smoothing, blocks 128 x 64, in `quant`."""
+    from sagebwd.triton import attention
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o = attention(q, k, v, True, True, False, 128, 64, quant)
+    o.backward(do)
+    return [t.clone() for t in (o, q.grad, k.grad, v.grad)]
+
+
 @pytest.mark.parametrize("quant", ["block", "token"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_direct_launches_match_the_jit_launches(quant, head_dim, monkeypatch):
@@ -302,30 +311,24 @@ def test_direct_launches_match_the_jit_launches(quant, head_dim, monkeypatch):
     that is not 16-byte aligned is a new signature, so its launches go through Triton again."""
     from triton.runtime.jit import JITFunction
 
-    from sagebwd.triton import attention, launch
+    from sagebwd.triton import launch
     launch._COMPILED.clear()
     jit_runs = []
     run = JITFunction.run
     monkeypatch.setattr(JITFunction, "run", lambda self, *a, **k: jit_runs.append(self) or run(self, *a, **k))
 
-    def fwd_bwd(q, k, v, do):
-        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        o = attention(q, k, v, True, True, False, 128, 64, quant)
-        o.backward(do)
-        return [t.clone() for t in (o, q.grad, k.grad, v.grad)]
-
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(1, 4, 1024, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    first = fwd_bwd(q, k, v, do)
+    first = _causal_fwd_bwd(q, k, v, do, quant)
     assert jit_runs and len(launch._COMPILED) == len(jit_runs)   # each launch of a fwd+bwd its own signature
     jit_runs.clear()
-    second = fwd_bwd(q, k, v, do)
+    second = _causal_fwd_bwd(q, k, v, do, quant)
     assert jit_runs == [], f"launched through JITFunction.run again: {[k.fn.__name__ for k in jit_runs]}"
     for a, b in zip(first, second):
         assert torch.equal(a, b)
     v_unaligned = torch.empty(v.numel() + 1, device="cuda", dtype=v.dtype)[1:].view(v.shape)   # 2 bytes past 16
     v_unaligned.copy_(v)
-    third = fwd_bwd(q, k, v_unaligned, do)
+    third = _causal_fwd_bwd(q, k, v_unaligned, do, quant)
     assert jit_runs, "an unaligned v reused a kernel compiled for aligned tensors"
     for a, b in zip(first, third):
         assert torch.equal(a, b)
@@ -337,22 +340,16 @@ def test_sections_of_heads_change_no_bit(quant, head_dim, monkeypatch):
     """The forward's and dQ's programs start in schedule.py's order; a tile's arithmetic does not depend
     on it. Five heads, causal, in one section of five (the default at this size) and in narrower ones (an
     L2 budget of two heads' dQ operands: dQ 2, 2, 1 and forward 3, 2) give the same bits."""
-    from sagebwd.triton import attention, schedule
-
-    def fwd_bwd(q, k, v, do):
-        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        o = attention(q, k, v, True, True, False, 128, 64, quant)
-        o.backward(do)
-        return [t.clone() for t in (o, q.grad, k.grad, v.grad)]
+    from sagebwd.triton import schedule
 
     torch.manual_seed(0)
     n = 1024
     q, k, v, do = (torch.randn(1, 5, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    one_section = fwd_bwd(q, k, v, do)
+    one_section = _causal_fwd_bwd(q, k, v, do, quant)
     # the dQ's kv side per head: K^, K^T (1 byte an element) and V (2 bytes); the forward's K^ and V^
     monkeypatch.setattr(schedule, "L2_SECTION_BYTES", 2 * 4 * n * head_dim + 1)
     assert schedule.heads_per_section(True, 5, (torch.empty(5, 4 * n * head_dim, dtype=torch.int8),)) == 2
     assert schedule.heads_per_section(True, 5, (torch.empty(5, 2 * n * head_dim, dtype=torch.int8),)) == 3
-    sections_of_two = fwd_bwd(q, k, v, do)
+    sections_of_two = _causal_fwd_bwd(q, k, v, do, quant)
     for name, a, b in zip(("O", "dQ", "dK", "dV"), one_section, sections_of_two):
         assert torch.equal(a, b), name

@@ -36,6 +36,8 @@ ROWS = gl.constexpr(64)    # kv rows per program: one tile, shared by both roles
 SLICE = gl.constexpr(64)   # q rows per slice; a q block (128) is two
 STAGES = 2         # q blocks in the ring: 2 x 83,456 B + K^, V (24,576) + P^T (32,768) of 232,448
 CONSUMER_REGS = 240
+# Loops of a program that each walk every score element once (one per role): tools.offline --loop-mix sums them.
+ROLE_LOOPS = 2
 
 
 @gluon.jit
@@ -134,7 +136,7 @@ def _y_role(v_tile, do_smem, qt_smem, delta_smem, sq_smem, p_smem, kv_bar, full,
 @gluon.jit
 def _dkdv_roles_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                        SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H, sq_desc,
-                       HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                       HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """One 64-row kv tile per program (causal: kv tile 0 sees the most q blocks and runs first)."""
     pid_n = gl.program_id(0)
@@ -182,5 +184,6 @@ def run(c, tuning=None) -> None:
     b, h, n, d = c.q8.shape
     args = hopper.dkdv_args(c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2_p, c.delta_sq,
                             c.tile_scales, c.dk, c.dv, kv_rows=ROWS.value, q_rows=2 * SLICE.value, token=True)
-    launch("dkdv", _dkdv_roles_kernel, (n // ROWS.value, b * h), *args, HEAD_DIM=d, CAUSAL=c.causal, STAGES=STAGES,
+    launch("dkdv", _dkdv_roles_kernel, (n // ROWS.value, b * h), *args, HEAD_DIM=d, SLICE=SLICE.value,
+           CAUSAL=c.causal, STAGES=STAGES,
            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, tuning=tuning)

@@ -168,6 +168,16 @@ def test_token_gluon_dkdv_matches_the_triton_kernel(shape, causal):
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
+@pytest.mark.parametrize("shape", [(1, 4, 1024, 128), (2, 3, 384, 128), (1, 2, 128, 128), (1, 2, 4224, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_token_dkdv_by_role_matches_the_triton_kernel(shape, causal):
+    """The experimental one-launch d=128 dK/dV (experimental/dkdv_roles_hopper: P^T made by one warpgroup
+    and read from shared memory by the other) does _q_block_token's arithmetic element by element:
+    dK and dV bit-identical to the Triton token kernel's."""
+    _assert_token_kernels_match_triton(shape, causal, ("triton,dkdv=gluon-roles",))
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_token_gluon_dkdv_matches_simulation(causal, head_dim):

@@ -75,7 +75,7 @@ def test_kernel_choice_is_validated_and_never_leaves_sm90():
                                                          r"'dkvd=gluon'; use a comma list of default, triton, fused"):
         registry.parse("forward=gluon,dkvd=gluon")
     with pytest.raises(registry.KernelChoiceError, match=r"dkdv has no kernel 'glon'; choose default or one of "
-                                                         r"fused, gluon, gluon-ws, triton"):
+                                                         r"fused, gluon, gluon-roles, gluon-ws, triton"):
         registry.parse("dkdv=glon")
     with pytest.raises(registry.KernelChoiceError, match="choose it for both passes"):
         registry.parse("dq=fused")

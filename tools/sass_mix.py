@@ -136,18 +136,20 @@ def branched_in_loop(sass: str, span: tuple[int, int]) -> int:
     return len(skipped)
 
 
-def loop_mix(sass: str, kernel: str, constexprs: dict, num_warps: int) -> dict:
+def loop_mix(sass: str, kernel: str, constexprs: dict, num_warps: int, role_loops: int = 1) -> dict:
     """Thread instructions per score element in the kernel's largest loop, in all and by opcode;
     per_element_branches_taken: the same with every conditional forward branch taken
-    (branched_in_loop)."""
+    (branched_in_loop). role_loops > 1: a kernel whose partitions each walk every score element once
+    in a loop of their own (experimental/dkdv_roles_hopper): its that many largest loops, summed."""
     instructions, loops = instructions_and_loops(sass)
     if not loops:
         raise ValueError(f"{kernel}: no loop found in the SASS")
-    first, last = main_loop(loops)
-    body = instructions[first:last + 1]
+    innermost = sorted((span for span in loops if not _nests_a_loop(span, loops)), key=lambda s: s[0] - s[1])
+    spans = innermost[:role_loops] if role_loops > 1 else [main_loop(loops)]
+    body = [text for first, last in spans for text in instructions[first:last + 1]]
     per_element = 32 * num_warps / elements_per_iteration(kernel, constexprs)
     counts = collections.Counter(opcode(text) for text in body)
-    branched = branched_in_loop(sass, (first, last))
+    branched = sum(branched_in_loop(sass, span) for span in spans)
     return {"kernel": kernel, "loop_instructions": len(body), "per_element": len(body) * per_element,
             "per_element_branches_taken": (len(body) - branched) * per_element,
             "by_opcode": {op: n * per_element for op, n in counts.most_common()}}

@@ -60,6 +60,19 @@ def seq_desc(t, rows: int):
     return desc(t, [1, 1, rows, d], strides)
 
 
+def dkdv_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, kv_rows: int,
+              q_rows: int, token: bool) -> tuple:
+    """The arguments of a Gluon dK/dV kernel up to its constexprs: TMA descriptors in boxes of kv_rows (one
+    tile, or both of a warp-specialised program) and q_rows (a block or a slice), the scales, the outputs."""
+    b, h, n, d = q8.shape
+    rows = b * h * n
+    return (desc(k8.reshape(rows, d), [kv_rows, d]), seq_desc(v, kv_rows), desc(q8.reshape(rows, d), [q_rows, d]),
+            seq_desc(do, q_rows), desc(q8t.reshape(b * h * d, n), [d, q_rows]),
+            desc(do8t.reshape(b * h * d, n), [d, q_rows]), desc(lse2.reshape(rows), [q_rows]),
+            desc(delta.reshape(rows), [q_rows]), s_q, s_k, s_do, tile_scales, dk, dv, *dk.stride()[:3],
+            1.0 / d ** 0.5, n, h, desc((s_q if token else lse2).reshape(rows), [q_rows]))   # block: unused
+
+
 def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
                   block_q: int, ws: bool, token: bool = False) -> list:
     """[(name, kernel, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at
@@ -68,15 +81,11 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
     with each q block, as LSE does; delta is delta s_Q, BackwardCall.delta_sq, and lse2 is lse2 - log2(256),
     BackwardCall.lse2_p; tile_scales unused)."""
     b, h, n, d = q8.shape
-    rows = b * h * n
     tile_rows = dkdv_hopper.ROWS
 
-    def args(kv_rows, q_rows):   # kv boxes: one tile, or both of a warp-specialised program; q: a block or a slice
-        return (desc(k8.reshape(rows, d), [kv_rows, d]), seq_desc(v, kv_rows), desc(q8.reshape(rows, d), [q_rows, d]),
-                seq_desc(do, q_rows), desc(q8t.reshape(b * h * d, n), [d, q_rows]),
-                desc(do8t.reshape(b * h * d, n), [d, q_rows]), desc(lse2.reshape(rows), [q_rows]),
-                desc(delta.reshape(rows), [q_rows]), s_q, s_k, s_do, tile_scales, dk, dv, *dk.stride()[:3],
-                1.0 / d ** 0.5, n, h, desc((s_q if token else lse2).reshape(rows), [q_rows]))   # block: unused
+    def args(kv_rows, q_rows):
+        return dkdv_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, kv_rows=kv_rows,
+                         q_rows=q_rows, token=token)
     kwargs = dict(HEAD_DIM=d, SLICE=dkdv_hopper.SLICE, CAUSAL=causal, TOKEN=token, num_warps=4)
     # (name, PASS, whole q blocks per copy, diagonal block masked in the loop, stages)
     passes = [("dkdv", dkdv_hopper.BOTH, True, False, dkdv_hopper.STAGES)] if d <= 64 else \

@@ -198,7 +198,8 @@ def test_token_gluon_dkdv_takes_any_layout_of_v_and_do(layout, head_dim):
         assert torch.equal(a, b), f"{name} differs with {layout} v/dO"
 
 
-TOKEN_GLUON_DQ = ("triton,dq=gluon-ws", "triton,dq=gluon")   # the token contract's Gluon dQ (d=64 and 128)
+TOKEN_GLUON_DQ = ("triton,dq=gluon-ws", "triton,dq=gluon", "triton,dq=gluon-ws2")   # the token contract's
+# Gluon dQ (d=64 and 128): warp-specialised, not, and on two consumer warpgroups of half a block each
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
@@ -215,7 +216,7 @@ def test_token_gluon_dq_matches_the_triton_kernel(shape, causal):
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")
-@pytest.mark.parametrize("kernels", ["dq=gluon-ws", "dq=gluon"])
+@pytest.mark.parametrize("kernels", ["dq=gluon-ws", "dq=gluon", "dq=gluon-ws2"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_token_gluon_dq_matches_simulation(causal, kernels, head_dim):

@@ -108,7 +108,9 @@ def test_kernel_choice_is_validated_and_never_leaves_sm90():
         assert registry.select("sm90", d, "dq", "token").name == defaults[d]
         assert registry.select("sm90", d, "dq", "token", "triton").name == "triton"
         assert registry.select("sm90", d, "dq", "token", "fused").name == defaults[d]   # fused is block's only
-        for name in ("gluon-ws", "gluon"):
+        # the two-consumer dQ: a choice on the token rows only (the block contract's tile maxima span the block)
+        assert registry.select("sm90", d, "dq", "block", "dq=gluon-ws2").name == registry.select("sm90", d, "dq").name
+        for name in ("gluon-ws", "gluon", "gluon-ws2"):
             assert registry.select("sm90", d, "dq", "token", f"dq={name}").name == name
             assert registry.resolve("sm90", d, "dq", "token", f"dq={name}", **shape).name == name
             assert registry.resolve("sm90", d, "dq", "token", f"dq={name}", **{**shape, "smooth_q": True}).name \
@@ -116,6 +118,17 @@ def test_kernel_choice_is_validated_and_never_leaves_sm90():
             assert registry.resolve("sm90", d, "dq", "token", f"dq={name}", **{**shape, "block_kv": 128}).name \
                 == "triton"
             assert registry.select("generic", d, "dq", "token", f"dq={name}").name == "triton"
+
+
+def test_the_two_consumer_dq_refuses_the_block_contract_and_the_plain_kernel():
+    """hopper.dq_launch_args(split=True) outside what SPLIT computes: a clear error before any descriptor."""
+    import torch
+    hopper = pytest.importorskip("sagebwd.triton.hopper")
+    q8 = torch.zeros(1, 1, 128, 64, dtype=torch.int8)
+    for token, ws in ((False, True), (True, False)):
+        with pytest.raises(ValueError, match="needs the token contract .* and the warp-specialised kernel"):
+            hopper.dq_launch_args(q8, q8, q8, None, None, None, None, None, None, None, None, causal=True, ws=ws,
+                                  token=token, split=True)
 
 
 @pytest.mark.parametrize("argv,message", [

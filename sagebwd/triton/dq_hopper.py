@@ -43,6 +43,10 @@ step, backward.py's TOKEN arithmetic: X = dS s_K quantised with one scale per q 
 quad's shuffles in the accumulator layout: no exchange between the warps, no tile scales written),
 s_K per kv row by TMA with each tile pair (a ring beside K^'s), s_Q per q row loaded once
 (docs/kernel-notes.md, "The token contract's Gluon dQ").
+SPLIT (TOKEN and WS; registry dq "gluon-ws2", a choice on the token rows): the block's halves on two
+consumer partitions of one warpgroup each, taking turns issuing their products (FA3's ping-pong, two
+mbarriers after the ring's); bit-identical, -7% at d=128 without the mask, 5-10% slower causal
+(docs/kernel-notes.md, "The token dQ on two consumer warpgroups").
 Limits (registry; else backward.py runs): block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations
@@ -58,6 +62,7 @@ Q_ROWS = 128    # q rows per program = block_q
 KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
 STAGES = 2      # tile pairs in flight
 PRODUCER_REGS = 24   # the producer warp of the warp-specialised form (WS)
+CONSUMER_REGS = 240  # SPLIT: 2 consumers x 128 threads x 240 + 32 x 24 fill the 64 K registers of an SM
 
 # A CTA barrier (the name changed between Triton 3.6 and 3.7).
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -176,7 +181,7 @@ def _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_
                 qk_row, refill, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
                 op_layout: gl.constexpr, STAGES: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr,
                 HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr, REFILL: gl.constexpr, empty,
-                WS: gl.constexpr):
+                WS: gl.constexpr, HALF: gl.constexpr = -1):
     """_tile in the token contract (backward.py's TOKEN branches, in its order and roundings):
     S = int(Q^ K^T) * s_K per kv column * (s_Q qk_const) per q row (qk_row), then exp2(S - LSE) (the
     second multiply and the subtraction one fma, contracted as there); dS = P (dP - delta); X = dS s_K
@@ -191,6 +196,14 @@ def _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_
     # s_K per kv column, read before this tile's products are issued: read after, it queued behind
     # their shared-memory reads and S's first multiply waited on it (ncu: short scoreboard).
     k_scale = sk_tile.load(gl.SliceLayout(0, s_layout))
+    # HALF >= 0 (two consumers): the warpgroups take turns issuing their products (FA3's ping-pong), so
+    # that one's arithmetic runs while the other's products do: half 0 issues tile j once half 1 has
+    # issued tile j - 1, half 1 once half 0 has issued tile j (the turn barriers follow the ring's).
+    if HALF == 0:
+        if not FIRST:
+            mbarrier.wait(empty.index(STAGES), (j - 1) & 1)
+    if HALF == 1:
+        mbarrier.wait(empty.index(STAGES + 1), j & 1)
     if not FIRST:
         ds8 = as_a_operand(ds_prev.to(gl.int8), op_layout)
         dq_tok = warpgroup_mma(ds8, kt_prev.permute((1, 0)), gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout),
@@ -205,6 +218,9 @@ def _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_
             mbarrier.arrive(empty.index(refill % STAGES))
     dp_tok = warpgroup_mma(do_smem, v_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.float32, dp_layout),
                            use_acc=False, is_async=True)
+    if HALF >= 0:
+        _cta_barrier()   # every warp of this warpgroup has issued
+        mbarrier.arrive(empty.index(STAGES + 1 - HALF))
     s = warpgroup_mma_wait(1, deps=[s_tok])
     p = gl.exp2(s.to(gl.float32) * k_scale[None, :] * qk_row[:, None] - lse[:, None])
     if MASK:
@@ -223,13 +239,15 @@ def _step(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
           bars, row0, t_row0, vb, vh, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
           op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
           Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr,
-          MASK: gl.constexpr, REFILL: gl.constexpr, empty, WS: gl.constexpr, TOKEN: gl.constexpr):
+          MASK: gl.constexpr, REFILL: gl.constexpr, empty, WS: gl.constexpr, TOKEN: gl.constexpr,
+          HALF: gl.constexpr = -1):
     """Tile j in the contract TOKEN names: _tile_token (q_scale: s_Q qk_const per q row; sk: the tile's s_K
     in shared memory) or _tile (sk: the SK pointer of the head)."""
     if TOKEN:
         dq, ds_bits, scale = _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, sk,
                                          lse, delta, offs_m, q_scale, refill, s_layout, dp_layout, acc_layout,
-                                         op_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, REFILL, empty, WS)
+                                         op_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, REFILL, empty, WS,
+                                         HALF)
     else:
         dq, ds_bits, scale = _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, xbuf, lse,
                                    delta, offs_m, q_scale, qk_const, sk, TS_q, TS_step, refill, n_pairs, k_desc,
@@ -245,7 +263,7 @@ def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_sme
           TS_q, TS_step, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
           op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
           Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr,
-          empty, WS: gl.constexpr, TOKEN: gl.constexpr, sk_desc, sk_smem):
+          empty, WS: gl.constexpr, TOKEN: gl.constexpr, sk_desc, sk_smem, HALF: gl.constexpr = -1):
     """Tiles 2u and 2u+1 (ring slot u % STAGES). Unless FIRST, the previous pair's last dS^ comes
     in (ds_prev, scale_prev; its K^T in prev_slot), and tile 2u refills that slot (WS: frees it;
     TOKEN, not WS: the slot is refilled after tile 2u). TOKEN: s_K of the pair is ring slot `slot` of
@@ -267,7 +285,7 @@ def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_sme
                               v_pair.slice(0, KV_ROWS), xbuf_a, lse, delta, offs_m, q_scale, qk_const, sk_a, TS_q,
                               TS_step, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, row0,
                               t_row0, vb, vh, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES,
-                              Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST, empty, WS, TOKEN)
+                              Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST, empty, WS, TOKEN, HALF)
     if TOKEN and not WS and not FIRST:
         if refill < n_pairs:
             _cta_barrier()   # every warp has waited on the product that read the slot (tile 2u's first)
@@ -278,7 +296,7 @@ def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_sme
                               offs_m, q_scale, qk_const, sk_b, TS_q, TS_step, refill, n_pairs, k_desc, kt_desc, v_desc,
                               k_smem, kt_smem, v_smem, bars, row0, t_row0, vb, vh, s_layout, dp_layout, acc_layout,
                               op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, False, MASK, False,
-                              empty, WS, TOKEN)
+                              empty, WS, TOKEN, HALF)
     return dq, ds_b, scale_b, slot
 
 
@@ -301,11 +319,16 @@ def _producer(q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem,
 def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc, kt_desc, v_desc,
              SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
              n_pairs, HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
-             STAGES: gl.constexpr, WS: gl.constexpr, TOKEN: gl.constexpr, sk_desc, sk_smem):
+             STAGES: gl.constexpr, WS: gl.constexpr, TOKEN: gl.constexpr, sk_desc, sk_smem, HALF: gl.constexpr = -1):
     """dQ and the tile scales of q block pid_m on all of the program's (WS: the consumer
     partition's) warps, from its Q^, dO landing on q_bar to the store. TOKEN: the token contract (SQ
-    per token; s_K per token comes with K^ into sk_smem; no tile scales)."""
-    nw: gl.constexpr = gl.num_warps()
+    per token; s_K per token comes with K^ into sk_smem; no tile scales). HALF 0 or 1 (TOKEN, WS: the
+    two-consumer form, _dq_kernel's SPLIT): only that half of the block's rows, on one warpgroup."""
+    if HALF >= 0:
+        gl.static_assert(TOKEN and WS, "a half block needs row-local scales (the token contract) and a producer")
+    ROWS: gl.constexpr = Q_ROWS if HALF < 0 else Q_ROWS // 2
+    OFF: gl.constexpr = 0 if HALF < 0 else HALF * (Q_ROWS // 2)
+    nw: gl.constexpr = ROWS // 16   # a wgmma accumulator holds 16 rows per warp
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
                                                        instr_shape=[16, KV_ROWS, 32])
     dp_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
@@ -322,7 +345,7 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
     vb = bh // H   # the batch and head coordinates of v and dO
     vh = bh % H
     t_row0 = bh * HEAD_DIM
-    offs_m = start_m + gl.arange(0, Q_ROWS, layout=row)
+    offs_m = start_m + OFF + gl.arange(0, ROWS, layout=row)
     lse = gl.load(LSE2 + row0 + offs_m)
     delta = gl.load(DELTA + row0 + offs_m)
     if TOKEN:   # s_Q qk_const per q row, as backward.py's (q_scale * qk_const)[:, None]
@@ -335,14 +358,17 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
     TS_q = TILE_SCALES + bh.to(gl.int64) * (N // Q_ROWS) * (N // KV_ROWS) * 4 + pid_m * 4
     TS_step = (N // Q_ROWS) * 4   # from one kv tile's record to the next
     qk_const = sm_scale * 1.4426950408889634
-    dq = gl.zeros([Q_ROWS, HEAD_DIM], gl.float32, acc_layout)
-    ds_bits = gl.zeros([Q_ROWS, KV_ROWS], gl.int32, s_layout)   # no product in flight before tile 0
+    dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
+    ds_bits = gl.zeros([ROWS, KV_ROWS], gl.int32, s_layout)   # no product in flight before tile 0
     if TOKEN:   # the dQ scale of the product in flight: per q row
-        scale = gl.zeros([Q_ROWS], gl.float32, gl.SliceLayout(1, acc_layout))
+        scale = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, acc_layout))
     else:
         scale = qk_const
     slot = gl.to_tensor(0)
     do_tile = do_smem.reshape([Q_ROWS, HEAD_DIM])
+    if HALF >= 0:
+        q_smem = q_smem.slice(OFF, ROWS)
+        do_tile = do_tile.slice(OFF, ROWS)
     mbarrier.wait(q_bar, 0)
 
     # backward.py's order: the unmasked tiles, then (causal) the block's diagonal pair, masked.
@@ -354,33 +380,33 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
         dq, ds_bits, scale, slot = _pair(
             gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
             xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
-            SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
-            KV_ROWS, HEAD_DIM, True, False, empty, WS, TOKEN, sk_desc, sk_smem)
+            SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS,
+            KV_ROWS, HEAD_DIM, True, False, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
         for u in range(1, n_unmasked):
             dq, ds_bits, scale, slot = _pair(
                 u, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars,
                 k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,
-                TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS,
-                HEAD_DIM, False, False, empty, WS, TOKEN, sk_desc, sk_smem)
+                TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS, KV_ROWS,
+                HEAD_DIM, False, False, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
         if CAUSAL:
             dq, ds_bits, scale, slot = _pair(
                 n_pairs - 1, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
                 xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
-                SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
-                KV_ROWS, HEAD_DIM, False, True, empty, WS, TOKEN, sk_desc, sk_smem)
+                SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS,
+                KV_ROWS, HEAD_DIM, False, True, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
     else:   # causal, first q block: only the diagonal pair
         dq, ds_bits, scale, slot = _pair(
             gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
             xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
-            SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS,
-            KV_ROWS, HEAD_DIM, True, True, empty, WS, TOKEN, sk_desc, sk_smem)
+            SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS,
+            KV_ROWS, HEAD_DIM, True, True, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
     # the last tile's product
     dq_int = warpgroup_mma(as_a_operand(ds_bits.to(gl.int8), op_layout),
                            kt_smem.index(slot).slice(KV_ROWS, KV_ROWS, dim=1).permute((1, 0)),
-                           gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout), use_acc=False)
+                           gl.zeros([ROWS, HEAD_DIM], gl.int32, acc_layout), use_acc=False)
     dq = _add_product(dq, dq_int, scale, TOKEN)
 
-    offs_r = start_m + gl.arange(0, Q_ROWS, layout=gl.SliceLayout(1, acc_layout))
+    offs_r = start_m + OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     DQ_bh = DQ + vb.to(gl.int64) * stride_gb + vh.to(gl.int64) * stride_gh
     gl.store(DQ_bh + offs_r[:, None] * stride_gn + offs_d[None, :],
@@ -391,9 +417,12 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
 def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn,
                TILE_SCALES, sm_scale, N, H, SECTION, sk_desc,
                HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
-               STAGES: gl.constexpr, WS: gl.constexpr, PRODUCER_REGS: gl.constexpr, TOKEN: gl.constexpr):
+               STAGES: gl.constexpr, WS: gl.constexpr, PRODUCER_REGS: gl.constexpr, TOKEN: gl.constexpr,
+               SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """TOKEN: the token contract (SQ, SK per token, sk_desc SK's TMA view in boxes of a tile pair;
-    TILE_SCALES unused), else the block contract (sk_desc unused)."""
+    TILE_SCALES unused), else the block contract (sk_desc unused). SPLIT (TOKEN, WS; launched with 4
+    warps): the block's two halves on two consumer partitions of one warpgroup each, which share the
+    ring (a slot is free once both have arrived) and never wait for each other otherwise."""
     gl.static_assert(Q_ROWS == 2 * KV_ROWS, "the causal diagonal is the block's last tile pair")
     nw: gl.constexpr = gl.num_warps()
     # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).
@@ -428,7 +457,27 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
     for i in gl.static_range(STAGES + 1):
         mbarrier.init(bars.index(i), count=1)
     q_bar = bars.index(STAGES)
-    if WS:
+    if SPLIT:
+        # the ring's empties, then the two consumers' turn barriers (_tile_token with HALF)
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES + 2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(empty.index(i), count=2)   # one arrive per consumer, after a barrier of its own
+        mbarrier.init(empty.index(STAGES), count=1)
+        mbarrier.init(empty.index(STAGES + 1), count=1)
+        gl.warp_specialize([
+            (_dq_block, (q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc,
+                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
+                        sm_scale, N, H, pid_m, bh, n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, True, TOKEN,
+                        sk_desc, sk_smem, 0)),
+            (_dq_block, (q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc,
+                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
+                        sm_scale, N, H, pid_m, bh, n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, True, TOKEN,
+                        sk_desc, sk_smem, 1)),
+            (_producer, (q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem, kt_smem, v_smem, q_bar,
+                         bars, empty, row0, t_row0, vb, vh, start_m, n_pairs, STAGES, KV_ROWS, sk_desc, sk_smem,
+                         TOKEN)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    elif WS:
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(empty.index(i), count=1)   # the consumers arrive once, after a barrier of theirs

@@ -107,10 +107,13 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
 
 
 def dq_launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, causal: bool, ws: bool,
-                   token: bool = False):
+                   token: bool = False, split: bool = False):
     """(grid, args, kwargs) of the one dQ launch; v and do may have any strides and alignment. token: the
     token contract (s_q, s_k per token, s_k also by TMA with each tile pair; tile_scales unused, a
-    placeholder)."""
+    placeholder). split (token, ws): each half of the q block on a consumer warpgroup of its own."""
+    if split and not (token and ws):
+        raise ValueError("the two-consumer dQ (split) needs the token contract (its scales stay within a warpgroup) "
+                         "and the warp-specialised kernel (ws)")
     b, h, n, d = q8.shape
     rows = b * h * n
     q_rows, kv_rows = dq_hopper.Q_ROWS, dq_hopper.KV_ROWS
@@ -119,16 +122,17 @@ def dq_launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *
             seq_desc(v, 2 * kv_rows), s_q, s_k, lse2, delta, dq, *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h,
             heads_per_section(causal, b * h, (k8, k8t, v)),
             desc((s_k if token else lse2).reshape(rows), [2 * kv_rows]))   # block: unused
-    kwargs = dict(HEAD_DIM=d, Q_ROWS=q_rows, KV_ROWS=kv_rows, CAUSAL=causal, STAGES=dq_hopper.STAGES, num_warps=8,
-                  WS=ws, PRODUCER_REGS=dq_hopper.PRODUCER_REGS, TOKEN=token)
+    kwargs = dict(HEAD_DIM=d, Q_ROWS=q_rows, KV_ROWS=kv_rows, CAUSAL=causal, STAGES=dq_hopper.STAGES,
+                  num_warps=4 if split else 8, WS=ws, PRODUCER_REGS=dq_hopper.PRODUCER_REGS, TOKEN=token, SPLIT=split,
+                  CONSUMER_REGS=dq_hopper.CONSUMER_REGS)
     return tile_grid(n // q_rows, b * h), args, kwargs
 
 
-def run_dq(c, tuning: Tuning | None = None, *, ws: bool) -> None:
-    """The Gluon dQ (registry: dq "gluon", "gluon-ws"), on a backward.BackwardCall, in its contract; its own
-    launch settings (a tool's overrides are the Triton kernels')."""
+def run_dq(c, tuning: Tuning | None = None, *, ws: bool, split: bool = False) -> None:
+    """The Gluon dQ (registry: dq "gluon", "gluon-ws", "gluon-ws2"), on a backward.BackwardCall, in its
+    contract; its own launch settings (a tool's overrides are the Triton kernels')."""
     grid, args, kwargs = dq_launch_args(c.q8, c.k8, c.k8t, c.s_q, c.s_k, c.v, c.do, c.lse2, c.delta, c.dq,
-                                        c.tile_scales, causal=c.causal, ws=ws, token=c.token)
+                                        c.tile_scales, causal=c.causal, ws=ws, token=c.token, split=split)
     launch("dq", dq_hopper._dq_kernel, grid, *args, tuning=tuning, **kwargs)
 
 

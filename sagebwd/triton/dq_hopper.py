@@ -422,7 +422,7 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
     """TOKEN: the token contract (SQ, SK per token, sk_desc SK's TMA view in boxes of a tile pair;
     TILE_SCALES unused), else the block contract (sk_desc unused). SPLIT (TOKEN, WS; launched with 4
     warps): the block's two halves on two consumer partitions of one warpgroup each, which share the
-    ring (a slot is free once both have arrived) and never wait for each other otherwise."""
+    ring (a slot is free once both have arrived) and take turns issuing their products (_tile_token)."""
     gl.static_assert(Q_ROWS == 2 * KV_ROWS, "the causal diagonal is the block's last tile pair")
     nw: gl.constexpr = gl.num_warps()
     # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).

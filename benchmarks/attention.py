@@ -709,9 +709,13 @@ def main(argv=None) -> int:
     result = {"env": environment()}
     from sagebwd.triton import registry
     arch = registry.arch_of(torch.device("cuda"))
-    # which kernel each contract runs per head dim and pass ("block" keys unprefixed, as before)
+    # which kernel each contract runs per head dim and pass ("block" keys unprefixed, as before), and
+    # without the causal mask where that differs
+    def runs(quant, d, p):
+        masked, unmasked = (registry.select(arch, d, p, quant, args.kernels, causal).name for causal in (True, False))
+        return masked if masked == unmasked else f"{masked} (without the mask: {unmasked})"
     result["env"]["kernels"] = {"choice": args.kernels, **{
-        f"{'' if quant == 'block' else quant + ' '}d{d} {p}": registry.select(arch, d, p, quant, args.kernels).name
+        f"{'' if quant == 'block' else quant + ' '}d{d} {p}": runs(quant, d, p)
         for quant in registry.QUANTS for d in (64, 128) for p in registry.PASSES}}
     result["env"]["baselines"] = baselines.describe(columns)
     print(result["env"], flush=True)

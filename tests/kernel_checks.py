@@ -63,7 +63,7 @@ def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv
     outs = run()
     # the fused backward adds dQ with atomics: its dQ may differ in the last bits from run to run
     fused = registry.resolve(registry.arch_of(q.device), shape[-1], "dq", quant, kernels, block_q=block_q,
-                             block_kv=block_kv, smooth_q=smooth_q, seq=shape[2]).name == "fused"
+                             block_kv=block_kv, smooth_q=smooth_q, seq=shape[2], causal=causal).name == "fused"
     written = all(bool(torch.isfinite(t).all()) for t in outs)
     identical, rerun_diff = True, [0.0] * 4   # largest rel L2 between reruns, per output
     for _ in range(reruns):

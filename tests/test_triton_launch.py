@@ -108,7 +108,17 @@ def test_kernel_choice_is_validated_and_never_leaves_sm90():
         assert registry.select("sm90", d, "dq", "token").name == defaults[d]
         assert registry.select("sm90", d, "dq", "token", "triton").name == "triton"
         assert registry.select("sm90", d, "dq", "token", "fused").name == defaults[d]   # fused is block's only
-        # the two-consumer dQ: a choice on the token rows only (the block contract's tile maxima span the block)
+        # the two-consumer dQ: a choice on the token rows only (the block contract's tile maxima span the block),
+        # and the d=128 token default without the causal mask (a call that names a kernel gets that kernel)
+        unmasked = {64: "gluon-ws", 128: "gluon-ws2"}[d]
+        assert registry.select("sm90", d, "dq", "token", causal=False).name == unmasked
+        assert registry.select("sm90", d, "dq", "token", causal=True).name == defaults[d]
+        assert registry.select("sm90", d, "dq", "token", "dq=gluon", causal=False).name == "gluon"
+        assert registry.select("sm90", d, "dq", "token", "fused", causal=False).name == unmasked
+        assert registry.resolve("sm90", d, "dq", "token", causal=False, **shape).name == unmasked
+        assert registry.resolve("sm90", d, "dq", "token", causal=False, **{**shape, "smooth_q": True}).name \
+            == "triton"
+        assert registry.select("sm90", d, "dq", "block", causal=False).name == registry.select("sm90", d, "dq").name
         assert registry.select("sm90", d, "dq", "block", "dq=gluon-ws2").name == registry.select("sm90", d, "dq").name
         for name in ("gluon-ws", "gluon", "gluon-ws2"):
             assert registry.select("sm90", d, "dq", "token", f"dq={name}").name == name

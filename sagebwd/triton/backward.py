@@ -533,7 +533,8 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delt
     dv = torch.empty_like(dq)
     arch = arch_for(q8.device, tuning)
     shape = dict(block_q=block_q, block_kv=block_kv, smooth_q=mu_q is not None, seq=n)
-    dq_kernel, dkdv_kernel = (registry.resolve(arch, d, p, quant, kernels, **shape) for p in ("dq", "dkdv"))
+    dq_kernel, dkdv_kernel = (registry.resolve(arch, d, p, quant, kernels, causal=causal, **shape)
+                              for p in ("dq", "dkdv"))
     one_kernel = (dq_kernel.run, dq_kernel.params) == (dkdv_kernel.run, dkdv_kernel.params)
     # Zeros: causal dK/dV slices may touch tiles wholly above the diagonal, which the dQ kernel
     # skips; zero scales make them contribute 0. The "token" contract has none (a placeholder).

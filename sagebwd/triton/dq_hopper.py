@@ -43,10 +43,10 @@ step, backward.py's TOKEN arithmetic: X = dS s_K quantised with one scale per q 
 quad's shuffles in the accumulator layout: no exchange between the warps, no tile scales written),
 s_K per kv row by TMA with each tile pair (a ring beside K^'s), s_Q per q row loaded once
 (docs/kernel-notes.md, "The token contract's Gluon dQ").
-SPLIT (TOKEN and WS; registry dq "gluon-ws2", a choice on the token rows): the block's halves on two
-consumer partitions of one warpgroup each, taking turns issuing their products (FA3's ping-pong, two
-mbarriers after the ring's); bit-identical, -7% at d=128 without the mask, 5-10% slower causal
-(docs/kernel-notes.md, "The token dQ on two consumer warpgroups").
+SPLIT (TOKEN and WS; registry dq "gluon-ws2": the d=128 token default without the causal mask, a choice
+elsewhere on the token rows): the block's halves on two consumer partitions of one warpgroup each, taking
+turns issuing their products (FA3's ping-pong, two mbarriers after the ring's); bit-identical, -7.6% at
+d=128 without the mask, 3-10% slower causal (docs/kernel-notes.md, "The token dQ on two consumer warpgroups").
 Limits (registry; else backward.py runs): block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations
@@ -214,8 +214,12 @@ def _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_
         dq_int = warpgroup_mma_wait(1, deps=[dq_tok])
         dq += dq_int.to(gl.float32) * scale_prev[:, None]
         if REFILL and WS:   # the product that read pair u-1's slot is done in this warp; in all after the barrier
-            _cta_barrier()
-            mbarrier.arrive(empty.index(refill % STAGES))
+            if HALF < 0:
+                _cta_barrier()
+                mbarrier.arrive(empty.index(refill % STAGES))
+            elif refill >= STAGES:   # the halves' first pair runs this code too, with no slot before it to free
+                _cta_barrier()
+                mbarrier.arrive(empty.index(refill % STAGES))
     dp_tok = warpgroup_mma(do_smem, v_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.float32, dp_layout),
                            use_acc=False, is_async=True)
     if HALF >= 0:
@@ -376,7 +380,27 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
         n_unmasked = n_pairs - 1
     else:
         n_unmasked = n_pairs
-    if n_unmasked > 0:
+    # ONE_COPY (the halves, but not at d=128 under the mask): one copy of the unmasked pair code per
+    # partition, where the peeled first pair makes two: the first pair runs the loop's code, its "previous"
+    # product a zero dS^ (ds_bits, scale: zeros) that adds exactly 0. Two partitions of four copies each
+    # (~9k SASS instructions at d=64) ran the causal dQ 2 points slower than one copy (docs/kernel-notes.md).
+    # At d=128 under the mask ptxas then spills ~60 values inside each consumer's loop; masking the diagonal
+    # behind a branch in the loop instead (one copy in all) ran the causal dQ 11-13% slower.
+    ONE_COPY: gl.constexpr = HALF >= 0 and (HEAD_DIM <= 64 or not CAUSAL)
+    if ONE_COPY:
+        for u in range(0, n_unmasked):
+            dq, ds_bits, scale, slot = _pair(
+                u, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars,
+                k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,
+                TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS, KV_ROWS,
+                HEAD_DIM, False, False, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
+        if CAUSAL:
+            dq, ds_bits, scale, slot = _pair(
+                n_pairs - 1, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
+                xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
+                SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS,
+                KV_ROWS, HEAD_DIM, False, True, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
+    elif n_unmasked > 0:
         dq, ds_bits, scale, slot = _pair(
             gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
             xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,

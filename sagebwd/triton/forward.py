@@ -258,7 +258,7 @@ def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bo
     """
     arch = arch_for(q8.device, tuning)
     kernel = registry.resolve(arch, q8.shape[-1], "forward", quant, kernels, block_q=block_q, block_kv=block_kv,
-                              smooth_q=mu_q is not None, seq=q8.shape[2])
+                              smooth_q=mu_q is not None, seq=q8.shape[2], causal=causal)
     return registry.load(kernel)(q8, k8, v8t, s_q, s_k, s_v, out_dtype=out_dtype, causal=causal, smooth_k=smooth_k,
                                  mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv,
                                  layout_of=layout_of, quant=quant, tuning=tuning)

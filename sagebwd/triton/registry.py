@@ -108,6 +108,7 @@ class Row:
     default: str
     others: tuple = ()
     why: str = ""
+    unmasked: str | None = None   # the default of calls without the causal mask, where another kernel wins there
 
 
 # (arch, head dim, pass, quant) -> the default and the other kernels a choice may name. Measurements
@@ -131,10 +132,10 @@ TABLE = {
                                         "H100: -28% causal and full vs Triton; gluon-roles +6% causal, +10% full"),
     ("sm90", 64, "dq", "token"): Row("gluon-ws", ("gluon", "triton", "gluon-ws2"),
                                      "H100: warp-specialised -8..-12% vs Triton; plain Gluon -4..+3%; "
-                                     "gluon-ws2 +5..+7% causal, -1..+1% full"),
+                                     "gluon-ws2 +3% causal, 0% full"),
     ("sm90", 128, "dq", "token"): Row("gluon", ("gluon-ws", "triton", "gluon-ws2"),
                                       "H100: -19% causal, -27% full vs Triton; warp-specialised +7% causal, +1% full; "
-                                      "gluon-ws2 +10% causal, -7% full"),
+                                      "gluon-ws2 +10% causal, -8% full", unmasked="gluon-ws2"),
 }
 
 
@@ -177,21 +178,25 @@ def parse(kernels: str) -> Choice:
     return Choice(**picked)
 
 
-def select(arch: str, head_dim: int, pass_: str, quant: str = "block", kernels: str = "default") -> Kernel:
-    """The kernel of row (arch, head_dim, pass_, quant) that `kernels` names, else the row's default."""
+def select(arch: str, head_dim: int, pass_: str, quant: str = "block", kernels: str = "default",
+           causal: bool | None = None) -> Kernel:
+    """The kernel of row (arch, head_dim, pass_, quant) that `kernels` names, else the row's default: its
+    `unmasked` one for a call known to run without the causal mask (causal False), where the row has one."""
     try:
         row = TABLE[(arch, head_dim, pass_, quant)]
     except KeyError:
         raise KernelChoiceError(f"no kernel for arch={arch!r}, head_dim={head_dim}, pass={pass_!r}, "
                                 f"quant={quant!r}: python -m sagebwd.triton.registry lists them") from None
     name = parse(kernels).of(pass_)
-    return KERNELS[(pass_, name if name in row.others else row.default)]
+    if name in row.others or name == row.default:
+        return KERNELS[(pass_, name)]
+    return KERNELS[(pass_, row.unmasked if causal is False and row.unmasked else row.default)]
 
 
 def resolve(arch: str, head_dim: int, pass_: str, quant: str = "block", kernels: str = "default", *,
-            block_q: int, block_kv: int, smooth_q: bool, seq: int) -> Kernel:
+            block_q: int, block_kv: int, smooth_q: bool, seq: int, causal: bool | None = None) -> Kernel:
     """The kernel that runs a call: select's, or the first of its fallbacks whose limits cover it."""
-    kernel = select(arch, head_dim, pass_, quant, kernels)
+    kernel = select(arch, head_dim, pass_, quant, kernels, causal)
     while not kernel.limits.cover(block_q=block_q, block_kv=block_kv, smooth_q=smooth_q, seq=seq):
         fallback = TABLE[(arch, head_dim, pass_, quant)].default if kernel.fallback == "default" else kernel.fallback
         kernel = KERNELS[(pass_, fallback)]
@@ -227,8 +232,10 @@ def table() -> str:
     for (arch, d, pass_, quant), row in TABLE.items():
         default = KERNELS[(pass_, row.default)]
         others = ", ".join(f"{n}{' (experimental)' if KERNELS[(pass_, n)].experimental else ''}" for n in row.others)
-        lines.append(f"| {arch} | {d} | {pass_} | {quant} | {row.default}: `{default.function}` | {others or '-'} | "
-                     f"{row.why or 'the only kernel'} |")
+        unmasked = f"; without the mask {row.unmasked}: `{KERNELS[(pass_, row.unmasked)].function}`" \
+            if row.unmasked else ""
+        lines.append(f"| {arch} | {d} | {pass_} | {quant} | {row.default}: `{default.function}`{unmasked} | "
+                     f"{others or '-'} | {row.why or 'the only kernel'} |")
     lines += ["", "| pass | kernel | GPU kernel | limits | else |", "|---|---|---|---|---|"]
     for (pass_, name), k in KERNELS.items():
         lines.append(f"| {pass_} | {name}{' (experimental)' if k.experimental else ''} | `{k.function}` | "

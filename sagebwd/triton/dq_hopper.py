@@ -388,25 +388,17 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
     # behind a branch in the loop instead (one copy in all) ran the causal dQ 11-13% slower.
     ONE_COPY: gl.constexpr = HALF >= 0 and (HEAD_DIM <= 64 or not CAUSAL)
     if ONE_COPY:
-        for u in range(0, n_unmasked):
+        u0 = 0
+    else:
+        u0 = 1
+    if ONE_COPY or n_unmasked > 0:
+        if not ONE_COPY:   # the first pair, peeled: no product of a previous tile
             dq, ds_bits, scale, slot = _pair(
-                u, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars,
-                k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,
-                TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS, KV_ROWS,
-                HEAD_DIM, False, False, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
-        if CAUSAL:
-            dq, ds_bits, scale, slot = _pair(
-                n_pairs - 1, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
+                gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
                 xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
                 SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS,
-                KV_ROWS, HEAD_DIM, False, True, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
-    elif n_unmasked > 0:
-        dq, ds_bits, scale, slot = _pair(
-            gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
-            xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
-            SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS,
-            KV_ROWS, HEAD_DIM, True, False, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
-        for u in range(1, n_unmasked):
+                KV_ROWS, HEAD_DIM, True, False, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
+        for u in range(u0, n_unmasked):
             dq, ds_bits, scale, slot = _pair(
                 u, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars,
                 k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,

@@ -7,7 +7,7 @@ Times the forward kernel alone (torch.profiler, the inference path: no transpose
 register caps that fit 4, 3 or 2 programs per SM (d=64: 128 and 168; d=128: 168 and 255), causal
 and not. The cap is a ``launch.Tuning`` override of the forward's launch; "default" rows run the
 kernel's own settings. Since the token contract's forward quantises per 128-key tile whatever
-block_kv (validate.forward_kv_block, 2026-11-27), its two block_kv rows build the same kernel; the
+block_kv (validate.key_tile, 2026-11-27), its two block_kv rows build the same kernel; the
 64-key rows of docs/kernel-notes.md ("The token forward over 128 keys") were measured on the tree
 before that change (commit f5d734f), where block_kv 64 still meant 64-key tiles.
 """

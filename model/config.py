@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from sagebwd.triton.registry import KernelChoiceError, parse as parse_kernels
-from sagebwd.validate import QUANT_CONTRACTS, SUPPORTED_HEAD_DIMS, forward_kv_block
+from sagebwd.validate import QUANT_CONTRACTS, SUPPORTED_HEAD_DIMS, key_tile
 
 from model.loss import LossImpl
 
@@ -137,7 +137,7 @@ class ModelConfig(BaseModel):
                         f"model.seq_len ({self.seq_len}) must be a multiple of model.{block} "
                         f"({getattr(self, block)}) for attention='sagebwd'; change seq_len or "
                         f"set a smaller {block}")
-            tile = forward_kv_block(self.quant, self.block_kv)
+            tile = key_tile(self.quant, self.block_kv)
             if tile != self.block_kv and self.seq_len % tile:   # (else the block_kv check above says it)
                 problems.append(
                     f"model.seq_len ({self.seq_len}) must be a multiple of {tile} for model.quant="

@@ -19,12 +19,13 @@ block_kv = Bkv rows of K/V; docs/sagebwd.md has the table):
 "token": every scale runs along the free (non-reduced) axis of the product that consumes it,
   so each one is a row maximum in the kernel that quantises it (no tile-wide reduction):
   forward  Q and K per token (after the same smoothing); V and P~ as in "block" but over tiles of
-           max(Bkv, 128) keys (validate.forward_kv_block): one INT8 product P^ V^ spans 128 keys.
+           max(Bkv, 128) keys (validate.key_tile): one INT8 product P^ V^ spans 128 keys.
   backward dV = P^T dO in FP8 e4m3: P with the static scale 1/256 (no maximum: P <= 1), dO per
            (Bq x D) block (amax / 448); the product summed in fp32 per q block (sagebwd.quant);
            dS for dQ = dS K: X = dS * s_K (K's token scale moved into dS, since it runs along
-           the sum) per (q token, kv tile); dS for dK = dS^T Q: Y = dS * s_Q per (kv token,
-           q block). dS is thus quantised twice, once for each product.
+           the sum) per (q token, key tile of max(Bkv, 128) keys, as the forward's); dS for
+           dK = dS^T Q: Y = dS * s_Q per (kv token, q block). dS is thus quantised twice, once
+           for each product.
 
 With Q-smoothing the bias sm_scale * mu_i K_sm^T is added to S in full
 precision, and dK gains the bias branch sm_scale * colsum(dS_i)^T mu_i computed
@@ -40,7 +41,7 @@ import torch
 
 from .quant import (P_E4M3_SCALE, QMAX, dequantize_groups, dequantize_tiles, quantize_groups, quantize_row_blocks,
                     quantize_row_blocks_e4m3, quantize_tiles, round_to_e4m3)
-from .validate import QUANT_CONTRACTS, forward_kv_block
+from .validate import QUANT_CONTRACTS, key_tile
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def forward_quantized(q_hat, s_q, k_hat, s_k, mu_q, k_sm, v: torch.Tensor, cfg: 
     b, h, n, d = v.shape
     ct = compute_dtype(out_dtype)
     sm_scale = 1.0 / math.sqrt(d)
-    bk = forward_kv_block(cfg.quant, cfg.block_kv)   # keys per tile of P~ and V^
+    bk = key_tile(cfg.quant, cfg.block_kv)   # keys per tile of P~ and V^
     v_hat, s_v = quantize_row_blocks(v.to(ct), bk, cfg.quantize)
     s = scores(q_hat, s_q, k_hat, s_k, mu_q, k_sm, cfg, sm_scale)
 
@@ -215,7 +216,7 @@ def _block_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
 def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
     """dV, dQ, dK with every scale along the free axis of its product:
     dV in FP8 (P e4m3 with the static scale 1/256, dO^ e4m3 per block); X = dS s_K per (q token,
-    kv tile) for dQ; Y = dS s_Q per (kv token, q block) for dK. Returns the dequantised P and dS
+    key tile: validate.key_tile) for dQ; Y = dS s_Q per (kv token, q block) for dK. Returns the dequantised P and dS
     (dS as dQ sees it) as callables."""
     b, h, n, d = saved.v.shape
     tm, tn, bq, bk = n // cfg.block_q, n // cfg.block_kv, cfg.block_q, cfg.block_kv
@@ -227,15 +228,17 @@ def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
     p_hat = round_to_e4m3(p * P_E4M3_SCALE) if cfg.quantize else p * P_E4M3_SCALE   # 256 P, in e4m3
     pt_do = torch.einsum("bhiqn,bhiqd->bhind", by_q_block(p_hat), by_q_block(do_hat))
     dv = (pt_do * (s_do * (1.0 / P_E4M3_SCALE))[:, :, :, None, None]).sum(dim=2)
-    x_hat, s_x = quantize_groups(ds * s_k, bk, -1, cfg.quantize)   # s_x (B,H,N,Tn)
-    xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tn, bk), saved.k_hat.reshape(b, h, tn, bk, d))
+    bx = key_tile(cfg.quant, bk)   # X's keys per scale: the forward's key tile (128 by default)
+    tx = n // bx
+    x_hat, s_x = quantize_groups(ds * s_k, bx, -1, cfg.quantize)   # s_x (B,H,N,Tx)
+    xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tx, bx), saved.k_hat.reshape(b, h, tx, bx, d))
     dq = (xk * s_x[..., None] * sm_scale).sum(dim=-2)
     y_hat, s_y = quantize_groups(ds * s_q, bq, -2, cfg.quantize)   # s_y (B,H,Tm,N)
     yq = torch.einsum("bhiqn,bhiqd->bhind", by_q_block(y_hat), by_q_block(saved.q_hat))
     dk = (yq * s_y[..., None] * sm_scale).sum(dim=2)
 
     def ds_seen():
-        x = dequantize_groups(x_hat, s_x, bk, -1)
+        x = dequantize_groups(x_hat, s_x, bx, -1)
         return torch.where(s_k > 0, x / torch.where(s_k > 0, s_k, torch.ones_like(s_k)), torch.zeros_like(x))
     return dv, dq, dk, lambda: p_hat * (1.0 / P_E4M3_SCALE), ds_seen
 

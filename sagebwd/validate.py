@@ -8,11 +8,12 @@ BACKENDS = ("auto", "simulate", "triton")
 # Quantisation contracts: "block" (the paper's per-block scales), "token" (per-token scales);
 # docs/sagebwd.md states both.
 QUANT_CONTRACTS = ("block", "token")
-# The token contract's forward quantises P~ and V^ per tile of max(block_kv, 128) keys (block_kv stays
-# the backward's kv tile): one INT8 product P^ V^ then spans 128 keys, half the kernel's per-tile
-# accumulation work at the default block_kv = 64 (docs/sagebwd.md, docs/kernel-notes.md "The token
-# forward over 128 keys").
-TOKEN_FORWARD_KV_BLOCK = 128
+# The token contract's scales along the key axis cover tiles of max(block_kv, 128) keys (block_kv stays
+# the backward's kv tile): the forward's P~ and V^, and the dQ's X = dS s_K (one scale per q row and key
+# tile). One INT8 product (P^ V^, X^ K^) then spans 128 keys: half the kernels' per-tile accumulation work
+# at the default block_kv = 64 (docs/sagebwd.md; docs/kernel-notes.md, "The token forward over 128 keys",
+# "dQ's X per 128-key tile").
+TOKEN_KEY_TILE = 128
 SIMULATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -27,9 +28,10 @@ def check_blocks(block_q: int, block_kv: int) -> None:
             raise SageBwdInputError(f"{name}={b!r} must be a power of two >= 16 (defaults: block_q=128, block_kv=64)")
 
 
-def forward_kv_block(quant: str, block_kv: int) -> int:
-    """Keys per tile of the forward's P~ and V^ quantisation: block_kv, or for "token" at least 128."""
-    return max(block_kv, TOKEN_FORWARD_KV_BLOCK) if quant == "token" else block_kv
+def key_tile(quant: str, block_kv: int) -> int:
+    """Keys per tile of the key-axis scales (the forward's P~ and V^; in "token" also the dQ's X):
+    block_kv, or for "token" at least 128."""
+    return max(block_kv, TOKEN_KEY_TILE) if quant == "token" else block_kv
 
 
 def check_kernels(kernels: str) -> None:
@@ -61,7 +63,7 @@ def check_seq_len(seq_len: int, block_q: int, block_kv: int, quant: str = "block
             f"sequence length {seq_len} is not a multiple of block_q={block_q} and block_kv={block_kv}: "
             f"pad the sequence to a multiple of {multiple} (e.g. {padded}) or pass smaller blocks"
         )
-    tile = forward_kv_block(quant, block_kv)
+    tile = key_tile(quant, block_kv)
     if seq_len % tile:
         multiple = max(multiple, tile)
         padded = -(-seq_len // multiple) * multiple

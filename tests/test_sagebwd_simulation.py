@@ -252,6 +252,22 @@ def test_token_contract_keeps_rows_independent():
     assert changed["block"] == (True, True)
 
 
+def test_token_contract_quantises_dqs_x_per_128_key_tile():
+    """dQ's X = dS s_K has one scale per (q row, key tile of 128 keys): the forward's key tile
+    (validate.key_tile), two of the backward's 64-key tiles, so the dQ kernel sums one INT8 product over
+    128 keys before it scales it."""
+    q, k, v, do = qkvdo(n=256, dtype=torch.float64)
+    cfg = SageConfig(quant="token", block_q=128, block_kv=64)
+    _, saved = forward(q, k, v, cfg)
+    *_, inter = backward(saved, do, cfg, return_intermediates=True)
+    x = (inter.ds * saved.s_k.unsqueeze(-2)).reshape(2, 2, 256, 2, 128)   # X as dQ's product sees it
+    steps = x / (x.abs().amax(-1, keepdim=True) / 127)   # in units of its tile's scale
+    assert (steps - steps.round()).abs().max() < 1e-6
+    assert ((steps.abs().amax(-1) - 127).abs() < 1e-6).all()
+    halves = steps.abs().reshape(2, 2, 256, 2, 2, 64).amax(-1).amin(-1)   # each tile's smaller 64-key half
+    assert (halves < 126).float().mean() > 0.2, "the two 64-key halves of a tile should share one scale"
+
+
 def test_token_contract_is_more_accurate_than_block():
     from sagebwd.trace import sigma_sweep
     # 8 heads: at sigma 8 one head's dQ error swings by +-30% with the draw (a few peaked rows)

@@ -209,9 +209,9 @@ TOKEN_GLUON_DQ = ("triton,dq=gluon-ws", "triton,dq=gluon", "triton,dq=gluon-ws2"
 def test_token_gluon_dq_matches_the_triton_kernel(shape, causal):
     """The Gluon dQ with TOKEN (warp-specialised and not) against the Triton token dQ on the same inputs:
     backward.py's TOKEN arithmetic in its order (S = int * s_K * (s_Q qk_const) - LSE one fma, X = dS s_K,
-    tile_scales(max|X|, False) per q row, dQ += int(X^ K^) * scale, tiles in the same order), so dQ is
-    expected bit-identical; O, dK and dV come from the same Triton kernels. The rel. L2 bound first, so
-    that a failure says how far apart."""
+    tile_scales(max|X|, False) per q row of each 128-key tile, dQ += int(X^ K^) * scale, one exact int32
+    sum per 128 keys, tiles in the same order), so dQ is expected bit-identical; O, dK and dV come from
+    the same Triton kernels. The rel. L2 bound first, so that a failure says how far apart."""
     _assert_token_kernels_match_triton(shape, causal, TOKEN_GLUON_DQ)
 
 

@@ -101,9 +101,9 @@ def test_kernel_choice_is_validated_and_never_leaves_sm90():
         assert registry.resolve("sm90", d, "dkdv", "token", **{**shape, "seq": 192}).name == "gluon"
         assert registry.select("sm90", d, "dkdv", "token", "fused").name == "gluon-ws"   # fused is block's only
         assert registry.select("generic", d, "dkdv", "token", "dkdv=gluon-ws").name == "triton"
-    # ... and its Gluon dQ (H100: warp-specialised at d=64, the plain kernel at d=128), Triton's where
-    # chosen and outside its limits (Q-smoothing, blocks) and off Hopper
-    defaults = {64: "gluon-ws", 128: "gluon"}
+    # ... and its Gluon dQ (H100: warp-specialised), Triton's where chosen and outside its limits
+    # (Q-smoothing, blocks) and off Hopper
+    defaults = {64: "gluon-ws", 128: "gluon-ws"}
     for d in registry.HEAD_DIMS:
         assert registry.select("sm90", d, "dq", "token").name == defaults[d]
         assert registry.select("sm90", d, "dq", "token", "triton").name == "triton"

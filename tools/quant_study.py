@@ -43,7 +43,7 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
   p128  the forward's P~ per (q token, 128-key tile): t = the row max over 128 keys (masked keys
      excluded), P^ = round(127 exp(S - t)), V per (128 x D) block (amax / 127), w = exp(t - m) per
      128-key tile: one INT8 product P^ V^ spans 128 keys. l from the float P~ as in the contract. The
-     contract's forward since 2026-11-27 (validate.forward_kv_block), so a and p128 are now the same
+     contract's forward since 2026-11-27 (validate.key_tile), so a and p128 are now the same
      (tests check it); studied when a's tiles were block_kv keys (docs/kernel-notes.md). O and the LSE
      (which moves by float rounding only) feed the backward, which keeps block_kv.
   vc  P~ per block_kv tile (the contract's forward before 2026-11-27); V INT8 per channel over the
@@ -74,7 +74,7 @@ from sagebwd.fpa import fpa_attention
 from sagebwd.quant import E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks, round_to_e4m3
 from sagebwd.simulate import SageConfig, backward, compute_dtype, forward, forward_quantized, scores, smooth
 from sagebwd.trace import error_stats, gaussian_inputs
-from sagebwd.validate import SUPPORTED_HEAD_DIMS, forward_kv_block
+from sagebwd.validate import SUPPORTED_HEAD_DIMS, key_tile
 
 VARIANTS = {
     "a": "token contract (baseline; dV in FP8 since 2026-11-27)",
@@ -171,7 +171,7 @@ def _quantized_sum_output(saved, cfg: SageConfig):
     P~ (what a kernel gets from the tensor cores with a column of ones beside V^, for free); the
     numerator as the contract's forward computes it (simulate.forward_quantized)."""
     b, h, n, d = saved.v.shape
-    bk = forward_kv_block(cfg.quant, cfg.block_kv)   # the contract's forward tile
+    bk = key_tile(cfg.quant, cfg.block_kv)   # the contract's forward tile
     tn = n // bk
     ct = compute_dtype(saved.v.dtype)
     v_hat, s_v = quantize_row_blocks(saved.v.to(ct), bk, cfg.quantize)

@@ -24,7 +24,8 @@ output element is written by one program in a fixed order, so reruns are bit-ide
 Extra memory: 4 fp32 per (q block, kv tile), N^2 / (block_q * block_kv) * 16 bytes per head.
 
 TOKEN (the "token" contract) needs no tile scales, so the two kernels do not depend on each
-other: the dQ kernel quantises X = dS * s_K with one scale per q row of each tile (a row max),
+other: the dQ kernel quantises X = dS * s_K with one scale per q row of each key tile
+(validate.key_tile: 128 keys by default, the kernel's BLOCK_N there; a row max),
 the dK/dV kernel Y^T = dS^T * s_Q with one scale per kv row of each q block (one slice per q
 block, so a row max there too) and P^T in FP8 e4m3 with a static scale (P <= 1: no maximum).
 S's scale is a row vector times a column vector.
@@ -39,6 +40,7 @@ import triton
 import triton.language as tl
 
 from ..quant import P_E4M3_LOG2   # a host number here (the kernels' constexprs come from _common)
+from ..validate import key_tile
 from . import registry
 from ._common import (DS_SPAN, LOG2E, P_E4M3_SCALE, empty_in_layout_of, int_to_float, interpreting, program_tile,
                       round_scaled_to_int8, saturated_ds_to_int8, tile_scales, to_e4m3, to_k_order)
@@ -126,7 +128,8 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr,
                DOT_F32: tl.constexpr, TOKEN: tl.constexpr):
-    """BLOCK_M = block_q, BLOCK_N = block_kv: each iteration is exactly one quantisation tile."""
+    """BLOCK_M = block_q, BLOCK_N = block_kv (TOKEN: the key tile of X's scales, validate.key_tile): each
+    iteration is exactly one quantisation tile."""
     # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).
     rank, bh = program_tile(N // BLOCK_M, SECTION)
     pid_m = N // BLOCK_M - 1 - rank
@@ -488,11 +491,12 @@ def run_dq(c: BackwardCall, tuning: Tuning | None = None) -> None:
     """The Triton dQ kernel (registry: dq "triton")."""
     b, h, n, d = c.q8.shape
     tail, flags = _triton_args(c)
+    keys = key_tile("token" if c.token else "block", c.block_kv)   # one iteration: one tile of X's scales
     launch("dq", _dq_kernel, tile_grid(n // c.block_q, b * h),
         c.q8, c.s_q, c.k8, c.k8t, c.s_k, c.v, c.do, c.lse2, c.delta, c.dq, c.tile_scales, *tail,
         heads_per_section(c.causal, b * h, (c.k8, c.k8t, c.v)),
-        BLOCK_M=c.block_q, BLOCK_N=c.block_kv, **flags,
-        **launch_settings("dq", _dq_launch(c.block_q, c.block_kv, d), tuning), tuning=tuning)
+        BLOCK_M=c.block_q, BLOCK_N=keys, **flags,
+        **launch_settings("dq", _dq_launch(c.block_q, keys, d), tuning), tuning=tuning)
 
 
 def run_dkdv(c: BackwardCall, tuning: Tuning | None = None) -> None:

@@ -1,5 +1,5 @@
-"""dQ kernel for Hopper in Gluon (registry: dq "gluon-ws", the default on sm_90 at d=128, and its
-reference "gluon"): backward.py's _dq_kernel
+"""dQ kernel for Hopper in Gluon (registry: dq "gluon-ws", the default on sm_90 at d=128 and for the
+token contract at d=64, and its reference "gluon"): backward.py's _dq_kernel
 arithmetic in the same order (bit-identical dQ and tile scales), with its loads, waits and
 barriers placed by hand.
 
@@ -37,12 +37,13 @@ Measured on an H200 (docs/kernel-notes.md): (8,8,4096,128) dQ 1.00 -> 0.92 ms ca
 At d=64 it computes the same dQ but is slower than the Triton kernel (0-14%: 191 registers, one
 program of 8 warps per SM, where the Triton kernel fits two at 128 registers; capped at 128 here it
 spills), so the registry lists it at d=128 only for the block contract. The host side: hopper.py.
-TOKEN (the token contract; the registry's default on sm_90 since its H100 run: plain at d=128, -19%
-causal against the Triton token dQ, warp-specialised at d=64, -8..-12%): _tile_token as the tile
-step, backward.py's TOKEN arithmetic: X = dS s_K quantised with one scale per q row of the tile (a
-quad's shuffles in the accumulator layout: no exchange between the warps, no tile scales written),
-s_K per kv row by TMA with each tile pair (a ring beside K^'s), s_Q per q row loaded once
-(docs/kernel-notes.md, "The token contract's Gluon dQ").
+TOKEN (the token contract; the registry's default on sm_90, warp-specialised): _tile_token as the tile
+step, backward.py's TOKEN arithmetic: X = dS s_K quantised with one scale per q row of the tile pair
+(the contract's 128-key tile: a max over the thread's columns of both tiles and a quad's shuffles in the
+accumulator layout, no exchange between the warps, no tile scales written), the pair's product
+int(X^ K^) one int32 sum over its 128 keys (two chained wgmmas) folded into dQ with one fma per element
+during the next pair's first tile; s_K per kv row by TMA with each tile pair (a ring beside K^'s), s_Q
+per q row loaded once (docs/kernel-notes.md, "The token contract's Gluon dQ", "dQ's X per 128-key tile").
 SPLIT (TOKEN and WS; registry dq "gluon-ws2": the d=128 token default without the causal mask, a choice
 elsewhere on the token rows): the block's halves on two consumer partitions of one warpgroup each, taking
 turns issuing their products (FA3's ping-pong, two mbarriers after the ring's); bit-identical, -7.6% at
@@ -167,8 +168,8 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
 
 @gluon.jit
 def _add_product(dq, dq_int, scale, TOKEN: gl.constexpr):
-    """dq += the int32 product of a tile times its dQ scale: the tile's (a scalar) or, TOKEN, its q
-    rows' (in the accumulator's row layout), one fma per element as backward.py's."""
+    """dq += the int32 product of a tile (TOKEN: of a tile pair) times its dQ scale: the tile's (a scalar)
+    or, TOKEN, its q rows' (in the accumulator's row layout), one fma per element as backward.py's."""
     if TOKEN:
         dq += dq_int.to(gl.float32) * scale[:, None]
     else:
@@ -177,22 +178,33 @@ def _add_product(dq, dq_int, scale, TOKEN: gl.constexpr):
 
 
 @gluon.jit
-def _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_tile, lse, delta, offs_m,
-                qk_row, refill, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
+def _pair_product(bits_a, bits_b, kt_pair, op_layout: gl.constexpr, acc_layout: gl.constexpr, ROWS: gl.constexpr,
+                  KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """TOKEN: int(X^ K^) of a tile pair, issued (async): the two tiles' X^ bits (one scale per q row for
+    both) times their K^ (kt_pair: the pair's K^T), chained in one int32 accumulator (the exact sum
+    over the pair's 2 KV_ROWS keys)."""
+    acc = warpgroup_mma(as_a_operand(bits_a.to(gl.int8), op_layout), kt_pair.slice(0, KV_ROWS, dim=1).permute((1, 0)),
+                        gl.zeros([ROWS, HEAD_DIM], gl.int32, acc_layout), use_acc=False, is_async=True)
+    return warpgroup_mma(as_a_operand(bits_b.to(gl.int8), op_layout),
+                         kt_pair.slice(KV_ROWS, KV_ROWS, dim=1).permute((1, 0)), acc, use_acc=True, is_async=True)
+
+
+@gluon.jit
+def _tile_token(j, dq, bits_a, bits_b, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_tile, lse, delta,
+                offs_m, qk_row, refill, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
                 op_layout: gl.constexpr, STAGES: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr,
                 HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr, REFILL: gl.constexpr, empty,
-                WS: gl.constexpr, HALF: gl.constexpr = -1):
-    """_tile in the token contract (backward.py's TOKEN branches, in its order and roundings):
+                WS: gl.constexpr, HALF: gl.constexpr, PRODUCT: gl.constexpr):
+    """Tile j in the token contract (backward.py's TOKEN branches, in its order and roundings):
     S = int(Q^ K^T) * s_K per kv column * (s_Q qk_const) per q row (qk_row), then exp2(S - LSE) (the
-    second multiply and the subtraction one fma, contracted as there); dS = P (dP - delta); X = dS s_K
-    quantised with one scale per q row of the tile (tile_scales(max|X|, False)); dQ += int(X^ K^) *
-    that scale. In the wgmma accumulator a q row lives in one quad, so its maximum is an in-thread max
-    and two shuffles: no exchange between the warps, no tile scales written. s_K of the tile's kv rows
-    (sk_tile) came by TMA with K^ (loaded from global memory, its 64-bit addresses were carried across
-    the loop and spilled). REFILL and WS: the ring slot of the previous pair is freed (a barrier and
-    one arrive) right after the previous tile's product is folded in, where the block contract frees
-    it at its exchange (not WS: _pair refills it after this tile). Returns dq, tile j's X^ bits and
-    its per-row dQ scale in the accumulator's row layout."""
+    second multiply and the subtraction one fma, contracted as there); dS = P (dP - delta); returns dq
+    and X = dS s_K, which _pair quantises with one scale per q row of the tile pair. PRODUCT (the pair's
+    first tile, unless FIRST): the previous pair's product int(X^ K^) (bits_a, bits_b: its X^ bits;
+    kt_prev: its K^T) runs on the tensor cores with S and dP and is folded into dq with scale_prev (per q
+    row) while they finish. s_K of the tile's kv rows (sk_tile) came by TMA with K^ (loaded from global
+    memory, its 64-bit addresses were carried across the loop and spilled). REFILL and WS: the ring slot
+    of the previous pair is freed (a barrier and one arrive) right after its product is folded in (not
+    WS: _pair refills it after this tile)."""
     # s_K per kv column, read before this tile's products are issued: read after, it queued behind
     # their shared-memory reads and S's first multiply waited on it (ncu: short scoreboard).
     k_scale = sk_tile.load(gl.SliceLayout(0, s_layout))
@@ -200,17 +212,15 @@ def _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_
     # that one's arithmetic runs while the other's products do: half 0 issues tile j once half 1 has
     # issued tile j - 1, half 1 once half 0 has issued tile j (the turn barriers follow the ring's).
     if HALF == 0:
-        if not FIRST:
+        if j > 0:
             mbarrier.wait(empty.index(STAGES), (j - 1) & 1)
     if HALF == 1:
         mbarrier.wait(empty.index(STAGES + 1), j & 1)
-    if not FIRST:
-        ds8 = as_a_operand(ds_prev.to(gl.int8), op_layout)
-        dq_tok = warpgroup_mma(ds8, kt_prev.permute((1, 0)), gl.zeros([Q_ROWS, HEAD_DIM], gl.int32, acc_layout),
-                               use_acc=False, is_async=True)
+    if PRODUCT:
+        dq_tok = _pair_product(bits_a, bits_b, kt_prev, op_layout, acc_layout, Q_ROWS, KV_ROWS, HEAD_DIM)
     s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.int32, s_layout),
                           use_acc=False, is_async=True)
-    if not FIRST:
+    if PRODUCT:
         dq_int = warpgroup_mma_wait(1, deps=[dq_tok])
         dq += dq_int.to(gl.float32) * scale_prev[:, None]
         if REFILL and WS:   # the product that read pair u-1's slot is done in this warp; in all after the barrier
@@ -232,76 +242,66 @@ def _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_
         p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
     dp = warpgroup_mma_wait(0, deps=[dp_tok])
     ds = p * (gl.convert_layout(dp, s_layout) - delta[:, None])
-    x = ds * k_scale[None, :]   # X = dS s_K: K^'s scale runs along this product's sum
-    x_scale, x_inv = _row_scales(gl.max(gl.abs(x), axis=1))
-    return dq, _int8_bits(x, x_inv[:, None]), gl.convert_layout(x_scale, gl.SliceLayout(1, acc_layout))
+    return dq, ds * k_scale[None, :]   # X = dS s_K: K^'s scale runs along this product's sum
 
 
 @gluon.jit
-def _step(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, xbuf, lse, delta, offs_m,
-          q_scale, qk_const, sk, TS_q, TS_step, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem,
-          bars, row0, t_row0, vb, vh, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
-          op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
-          Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr,
-          MASK: gl.constexpr, REFILL: gl.constexpr, empty, WS: gl.constexpr, TOKEN: gl.constexpr,
-          HALF: gl.constexpr = -1):
-    """Tile j in the contract TOKEN names: _tile_token (q_scale: s_Q qk_const per q row; sk: the tile's s_K
-    in shared memory) or _tile (sk: the SK pointer of the head)."""
-    if TOKEN:
-        dq, ds_bits, scale = _tile_token(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, sk,
-                                         lse, delta, offs_m, q_scale, refill, s_layout, dp_layout, acc_layout,
-                                         op_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, REFILL, empty, WS,
-                                         HALF)
-    else:
-        dq, ds_bits, scale = _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, xbuf, lse,
-                                   delta, offs_m, q_scale, qk_const, sk, TS_q, TS_step, refill, n_pairs, k_desc,
-                                   kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, row0, t_row0, vb, vh, s_layout,
-                                   dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS,
-                                   HEAD_DIM, FIRST, MASK, REFILL, empty, WS)
-    return dq, ds_bits, scale
-
-
-@gluon.jit
-def _pair(u, n_pairs, dq, ds_prev, scale_prev, prev_slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
+def _pair(u, n_pairs, dq, ds_prev, ds_prev_b, scale_prev, prev_slot, q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a,
           xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh,
           TS_q, TS_step, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
           op_layout: gl.constexpr, all_layout: gl.constexpr, ts_layout: gl.constexpr, STAGES: gl.constexpr,
           Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr,
           empty, WS: gl.constexpr, TOKEN: gl.constexpr, sk_desc, sk_smem, HALF: gl.constexpr = -1):
-    """Tiles 2u and 2u+1 (ring slot u % STAGES). Unless FIRST, the previous pair's last dS^ comes
-    in (ds_prev, scale_prev; its K^T in prev_slot), and tile 2u refills that slot (WS: frees it;
-    TOKEN, not WS: the slot is refilled after tile 2u). TOKEN: s_K of the pair is ring slot `slot` of
-    sk_smem, SK_bh unused."""
+    """Tiles 2u and 2u+1 (ring slot u % STAGES); returns dq, the dS^ (X^) bits in flight, their scale and
+    the slot. The block contract (_tile): unless FIRST, the previous pair's last dS^ comes in (ds_prev,
+    scale_prev; its K^T in prev_slot), tile 2u refills that slot (WS: frees it), and each tile's product
+    runs during the next tile (ds_prev_b unused, passed through). TOKEN (_tile_token): X of both tiles is
+    quantised with one scale per q row of the pair (backward.py's X group, 2 KV_ROWS = block_q keys); the
+    pair's product runs during the next pair's first tile (ds_prev, ds_prev_b: the previous pair's X^ bits,
+    scale_prev its per-row scale; not WS: the slot is refilled after tile 2u). s_K of the pair is ring slot
+    `slot` of sk_smem, SK_bh unused."""
     slot = u % STAGES
     mbarrier.wait(bars.index(slot), (u // STAGES) & 1)
     k_pair = k_smem.index(slot)
     kt_pair = kt_smem.index(slot)
     v_pair = v_smem.index(slot).reshape([2 * KV_ROWS, HEAD_DIM])
-    kt_prev = kt_smem.index(prev_slot).slice(KV_ROWS, KV_ROWS, dim=1)
     refill = u - 1 + STAGES
     if TOKEN:
-        sk_a = sk_smem.index(slot).slice(0, KV_ROWS)
-        sk_b = sk_smem.index(slot).slice(KV_ROWS, KV_ROWS)
+        dq, x_a = _tile_token(2 * u, dq, ds_prev, ds_prev_b, scale_prev, kt_smem.index(prev_slot), q_smem, do_smem,
+                              k_pair.slice(0, KV_ROWS), v_pair.slice(0, KV_ROWS), sk_smem.index(slot).slice(0, KV_ROWS),
+                              lse, delta, offs_m, q_scale, refill, s_layout, dp_layout, acc_layout, op_layout, STAGES,
+                              Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST, empty, WS, HALF, not FIRST)
+        if not WS and not FIRST:
+            if refill < n_pairs:
+                _cta_barrier()   # every warp has waited on the product that read the slot (tile 2u's first)
+                _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, refill, row0, t_row0, vb, vh,
+                           STAGES, KV_ROWS, sk_desc, sk_smem, True)
+        dq, x_b = _tile_token(2 * u + 1, dq, ds_prev, ds_prev_b, scale_prev, kt_pair, q_smem, do_smem,
+                              k_pair.slice(KV_ROWS, KV_ROWS), v_pair.slice(KV_ROWS, KV_ROWS),
+                              sk_smem.index(slot).slice(KV_ROWS, KV_ROWS), lse, delta, offs_m, q_scale, refill,
+                              s_layout, dp_layout, acc_layout, op_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, False,
+                              MASK, False, empty, WS, HALF, False)
+        # one scale per q row of the pair: a max over the thread's columns of both tiles, then a quad's shuffles
+        x_scale, x_inv = _row_scales(gl.max(gl.maximum(gl.abs(x_a), gl.abs(x_b)), axis=1))
+        bits = _int8_bits(x_a, x_inv[:, None])
+        bits_b = _int8_bits(x_b, x_inv[:, None])
+        scale_b = gl.convert_layout(x_scale, gl.SliceLayout(1, acc_layout))
     else:
-        sk_a = SK_bh
-        sk_b = SK_bh
-    dq, ds_a, scale_a = _step(2 * u, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_pair.slice(0, KV_ROWS),
-                              v_pair.slice(0, KV_ROWS), xbuf_a, lse, delta, offs_m, q_scale, qk_const, sk_a, TS_q,
-                              TS_step, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, row0,
-                              t_row0, vb, vh, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES,
-                              Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST, empty, WS, TOKEN, HALF)
-    if TOKEN and not WS and not FIRST:
-        if refill < n_pairs:
-            _cta_barrier()   # every warp has waited on the product that read the slot (tile 2u's first)
-            _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, refill, row0, t_row0, vb, vh, STAGES,
-                       KV_ROWS, sk_desc, sk_smem, True)
-    dq, ds_b, scale_b = _step(2 * u + 1, dq, ds_a, scale_a, kt_pair.slice(0, KV_ROWS, dim=1), q_smem, do_smem,
-                              k_pair.slice(KV_ROWS, KV_ROWS), v_pair.slice(KV_ROWS, KV_ROWS), xbuf_b, lse, delta,
-                              offs_m, q_scale, qk_const, sk_b, TS_q, TS_step, refill, n_pairs, k_desc, kt_desc, v_desc,
-                              k_smem, kt_smem, v_smem, bars, row0, t_row0, vb, vh, s_layout, dp_layout, acc_layout,
-                              op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, False, MASK, False,
-                              empty, WS, TOKEN, HALF)
-    return dq, ds_b, scale_b, slot
+        kt_prev = kt_smem.index(prev_slot).slice(KV_ROWS, KV_ROWS, dim=1)
+        dq, ds_a, scale_a = _tile(2 * u, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_pair.slice(0, KV_ROWS),
+                                  v_pair.slice(0, KV_ROWS), xbuf_a, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,
+                                  TS_step, refill, n_pairs, k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars,
+                                  row0, t_row0, vb, vh, s_layout, dp_layout, acc_layout, op_layout, all_layout,
+                                  ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST, empty, WS)
+        dq, ds_b, scale_b = _tile(2 * u + 1, dq, ds_a, scale_a, kt_pair.slice(0, KV_ROWS, dim=1), q_smem, do_smem,
+                                  k_pair.slice(KV_ROWS, KV_ROWS), v_pair.slice(KV_ROWS, KV_ROWS), xbuf_b, lse, delta,
+                                  offs_m, q_scale, qk_const, SK_bh, TS_q, TS_step, refill, n_pairs, k_desc, kt_desc,
+                                  v_desc, k_smem, kt_smem, v_smem, bars, row0, t_row0, vb, vh, s_layout, dp_layout,
+                                  acc_layout, op_layout, all_layout, ts_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM,
+                                  False, MASK, False, empty, WS)
+        bits = ds_b
+        bits_b = ds_prev_b
+    return dq, bits, bits_b, scale_b, slot
 
 
 @gluon.jit
@@ -364,6 +364,7 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
     qk_const = sm_scale * 1.4426950408889634
     dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
     ds_bits = gl.zeros([ROWS, KV_ROWS], gl.int32, s_layout)   # no product in flight before tile 0
+    ds_bits_b = ds_bits   # TOKEN: the second tile's X^ bits of the pair in flight (the block contract: unused)
     if TOKEN:   # the dQ scale of the product in flight: per q row
         scale = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, acc_layout))
     else:
@@ -382,7 +383,7 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
         n_unmasked = n_pairs
     # ONE_COPY (the halves, but not at d=128 under the mask): one copy of the unmasked pair code per
     # partition, where the peeled first pair makes two: the first pair runs the loop's code, its "previous"
-    # product a zero dS^ (ds_bits, scale: zeros) that adds exactly 0. Two partitions of four copies each
+    # product a zero X^ (ds_bits, ds_bits_b, scale: zeros) that adds exactly 0. Two partitions of four copies each
     # (~9k SASS instructions at d=64) ran the causal dQ 2 points slower than one copy (docs/kernel-notes.md).
     # At d=128 under the mask ptxas then spills ~60 values inside each consumer's loop; masking the diagonal
     # behind a branch in the loop instead (one copy in all) ran the causal dQ 11-13% slower.
@@ -393,33 +394,37 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
         u0 = 1
     if ONE_COPY or n_unmasked > 0:
         if not ONE_COPY:   # the first pair, peeled: no product of a previous tile
-            dq, ds_bits, scale, slot = _pair(
-                gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
-                xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
-                SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS,
-                KV_ROWS, HEAD_DIM, True, False, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
+            dq, ds_bits, ds_bits_b, scale, slot = _pair(
+                gl.to_tensor(0), n_pairs, dq, ds_bits, ds_bits_b, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem,
+                xbuf_a, xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale,
+                qk_const, SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout,
+                STAGES, ROWS, KV_ROWS, HEAD_DIM, True, False, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
         for u in range(u0, n_unmasked):
-            dq, ds_bits, scale, slot = _pair(
-                u, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars,
-                k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const, SK_bh, TS_q,
-                TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS, KV_ROWS,
-                HEAD_DIM, False, False, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
-        if CAUSAL:
-            dq, ds_bits, scale, slot = _pair(
-                n_pairs - 1, n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
+            dq, ds_bits, ds_bits_b, scale, slot = _pair(
+                u, n_pairs, dq, ds_bits, ds_bits_b, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
                 xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
                 SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS,
-                KV_ROWS, HEAD_DIM, False, True, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
+                KV_ROWS, HEAD_DIM, False, False, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
+        if CAUSAL:
+            dq, ds_bits, ds_bits_b, scale, slot = _pair(
+                n_pairs - 1, n_pairs, dq, ds_bits, ds_bits_b, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem,
+                xbuf_a, xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale,
+                qk_const, SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout,
+                STAGES, ROWS, KV_ROWS, HEAD_DIM, False, True, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
     else:   # causal, first q block: only the diagonal pair
-        dq, ds_bits, scale, slot = _pair(
-            gl.to_tensor(0), n_pairs, dq, ds_bits, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem, xbuf_a,
-            xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
+        dq, ds_bits, ds_bits_b, scale, slot = _pair(
+            gl.to_tensor(0), n_pairs, dq, ds_bits, ds_bits_b, scale, slot, q_smem, do_tile, k_smem, kt_smem, v_smem,
+            xbuf_a, xbuf_b, bars, k_desc, kt_desc, v_desc, row0, t_row0, vb, vh, lse, delta, offs_m, q_scale, qk_const,
             SK_bh, TS_q, TS_step, s_layout, dp_layout, acc_layout, op_layout, all_layout, ts_layout, STAGES, ROWS,
             KV_ROWS, HEAD_DIM, True, True, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
     # the last tile's product
-    dq_int = warpgroup_mma(as_a_operand(ds_bits.to(gl.int8), op_layout),
-                           kt_smem.index(slot).slice(KV_ROWS, KV_ROWS, dim=1).permute((1, 0)),
-                           gl.zeros([ROWS, HEAD_DIM], gl.int32, acc_layout), use_acc=False)
+    if TOKEN:
+        dq_int = warpgroup_mma_wait(0, deps=[_pair_product(ds_bits, ds_bits_b, kt_smem.index(slot), op_layout,
+                                                           acc_layout, ROWS, KV_ROWS, HEAD_DIM)])
+    else:
+        dq_int = warpgroup_mma(as_a_operand(ds_bits.to(gl.int8), op_layout),
+                               kt_smem.index(slot).slice(KV_ROWS, KV_ROWS, dim=1).permute((1, 0)),
+                               gl.zeros([ROWS, HEAD_DIM], gl.int32, acc_layout), use_acc=False)
     dq = _add_product(dq, dq_int, scale, TOKEN)
 
     offs_r = start_m + OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))

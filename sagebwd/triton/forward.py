@@ -1,7 +1,7 @@
 """Forward kernel (the paper's Algorithm 1) on pre-quantised Q, K, V.
 
 One program per (BLOCK_M q rows, batch*head), BLOCK_M a divisor of block_q; BLOCK_N = the forward's
-kv tile (validate.forward_kv_block: block_kv, at least 128 keys in the token contract), so each kv
+kv tile (validate.key_tile: block_kv, at least 128 keys in the token contract), so each kv
 tile is one quantisation block of V and of P~. S = int(Q^ K^T) * s_Q * s_K * sm_scale is
 kept in log2 units (log2(e) folded into the scale, so exponentials are exp2). Per kv tile j:
 t = rowmax(S_j); P^ = round(127 * exp(S_j - t)) is the paper's per-token quantisation (it does
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..validate import forward_kv_block
+from ..validate import key_tile
 from . import registry
 from ._common import LN2, LOG2E, empty_in_layout_of, int_to_float, program_tile, round_scaled_to_int8, to_k_order
 from .launch import Tuning, arch_for, launch, launch_settings, overrides
@@ -233,7 +233,7 @@ def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, 
     lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
     kf = k if smooth_q else q8
     rows = forward_rows(block_q, d, tuning)
-    keys = forward_kv_block(quant, block_kv)
+    keys = key_tile(quant, block_kv)
     launch("forward", _forward_kernel, tile_grid(n // rows, b * h),
         q8, k8, v8t, s_q, s_k, s_v, o, lse,
         mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,

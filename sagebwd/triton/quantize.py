@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ._common import (E4M3_MAX, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, interpreting, mul_rn, quantize_tile,
                       round_to_int8, to_e4m3, to_k_order)
-from ..validate import forward_kv_block
+from ..validate import key_tile
 from .launch import Tuning, launch
 
 
@@ -180,7 +180,7 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
                  k_mean: torch.Tensor | None, smooth_q: bool, cols: bool, token: bool = False,
                  tuning: Tuning | None = None):
     """quantize_blocks of q (block_q; Q-smoothing if smooth_q), k (block_kv; minus k_mean if given)
-    and v (the forward's kv tile, validate.forward_kv_block; cols only) in one launch: (q8, q8t, s_q,
+    and v (the forward's kv tile, validate.key_tile; cols only) in one launch: (q8, q8t, s_q,
     mu_q, k8, k8t, s_k, v8t, s_v), the cols of q and k only if `cols` (the backward's operands), else
     None; `token`: Q and K with one scale per token, s_q and s_k (B,H,N). Bit-identical to three
     quantize_blocks calls, in one launch instead of three (~50 us of host time each on an H200's
@@ -190,7 +190,7 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     b, h, n, d = q.shape
     assert k.shape == v.shape == q.shape, "q, k, v must have one shape"
     assert n % block_q == 0 and n % block_kv == 0, f"sequence length {n} is not a multiple of the blocks"
-    block_v = forward_kv_block("token" if token else "block", block_kv)
+    block_v = key_tile("token" if token else "block", block_kv)
     assert n % block_v == 0, f"sequence length {n} is not a multiple of the forward's kv tile {block_v}"
     # Every program a tile of the largest block; Q-smoothing's block mean needs its block whole.
     tile = max(block_q, block_kv, block_v)

@@ -157,3 +157,14 @@ def test_p128_and_p128vc_match_a_direct_computation():
         v_deq = torch.round(v * (torch.full_like(amax, 127) / amax)) * (amax / 127)
         o = (p_hat @ v_deq) / 127 / e.sum(dim=-1, keepdim=True)
         assert torch.allclose(out[name]["o"], o, rtol=1e-4, atol=1e-6), name
+
+
+def test_x64_is_the_contract_with_x_per_kv_tile():
+    """x64: dQ's X per backward kv tile (the contract until the ninth session): only dQ and the dS it consumes
+    move; with block_kv = 128 the kv tile is the contract's key tile, so x64 is the contract itself."""
+    q, k, v, do = gaussian_inputs(3.0, 1, 2, 256, 64, 0)
+    out = run_variants(q, k, v, do, SageConfig(causal=True, block_q=128, block_kv=64, quant="token"), ["a", "x64"])
+    assert all(torch.equal(out["x64"][c], out["a"][c]) for c in ("o", "dk", "dv"))
+    assert not torch.equal(out["x64"]["dq"], out["a"]["dq"]) and not torch.equal(out["x64"]["ds"], out["a"]["ds"])
+    same = run_variants(q, k, v, do, SageConfig(causal=True, block_q=128, block_kv=128, quant="token"), ["a", "x64"])
+    assert all(torch.equal(same["x64"][c], same["a"][c]) for c in ("o", "dq", "dk", "dv", "ds"))

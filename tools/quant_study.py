@@ -53,6 +53,10 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
   p128vc  both: P~ per 128-key tile and V per channel.
   Not in the default list (``--variants a p128 vc p128vc``).
 
+  x64  dQ's X = dS s_K per (q token, block_kv tile) instead of per 128-key tile: the token contract until
+     2026-11-27 (ninth session), when X took the forward's key tile (validate.key_tile) so that the dQ
+     kernels sum one INT8 product over 128 keys. Not in the default list (``--variants a x64``).
+
   Diagnostic (``--variants fK``): f's K grouping with Q per token, as the contract has it (Q sits
   on the M side in the forward and the dQ kernel, where its per-token scale costs no outer product).
 
@@ -89,6 +93,7 @@ VARIANTS = {
     "fK": "diagnostic: f's K (16 of 64), Q per token",
     "g": "fwd denominator l from the quantised P^ (a ones column beside V^)",
     "kc": "dQ: X = dS per (q token, kv tile) without s_K, K^ per channel over the sequence",
+    "x64": "dQ: X = dS s_K per (q token, block_kv tile), the contract until 2026-11-27 (a: per 128-key tile)",
     "p128": "fwd P~V: P~ per (q token, 128-key tile), V per (128 x D) block",
     "vc": "fwd P~V: P~ per (q token, kv tile), V INT8 per channel over the sequence",
     "p128vc": "fwd P~V: P~ per (q token, 128-key tile), V INT8 per channel over the sequence",
@@ -221,6 +226,22 @@ def _tiled_pv_output(saved, cfg: SageConfig, tile: int, v_per_channel: bool):
     return o.to(saved.v.dtype), row_max.squeeze(-1) + torch.log(l)
 
 
+def _kv_tile_x_dq(saved, inter, cfg: SageConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dQ, dS as it consumes it) with X = dS s_K quantised per (q token, block_kv tile), as the token
+    contract had it until 2026-11-27 (ninth session); the contract's X takes one scale per key tile of 128
+    keys (validate.key_tile), so that the dQ kernel sums one INT8 product over 128 keys."""
+    b, h, n, d = saved.v.shape
+    tn, bk = n // cfg.block_kv, cfg.block_kv
+    s_k = saved.s_k.unsqueeze(-2)   # per kv column
+    ds = _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
+    x_hat, s_x = quantize_groups(ds * s_k, bk, -1, cfg.quantize)           # s_x (B,H,N,Tn)
+    xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tn, bk), saved.k_hat.reshape(b, h, tn, bk, d))
+    dq = (xk * s_x[..., None] * (1.0 / math.sqrt(d))).sum(dim=-2)
+    x = dequantize_groups(x_hat, s_x, bk, -1)
+    ds_seen = torch.where(s_k > 0, x / torch.where(s_k > 0, s_k, torch.ones_like(s_k)), torch.zeros_like(x))
+    return dq.to(saved.v.dtype), ds_seen
+
+
 def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(dQ, dS as it consumes it) with K^ quantised per channel over the whole sequence (one scale c_d
     per head and channel, after K-smoothing) instead of per token: dS then needs no s_K folded in,
@@ -272,6 +293,9 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
         elif name == "kc":
             dq_kc, ds_kc = _channel_k_dq(saved, inter, q, k, cfg)
             out[name] = {**base, "dq": dq_kc, "ds": ds_kc}
+        elif name == "x64":
+            dq_x, ds_x = _kv_tile_x_dq(saved, inter, cfg)
+            out[name] = {**base, "dq": dq_x, "ds": ds_x}
         elif name in ("e", "f", "fK"):
             ct = compute_dtype(q.dtype)
             q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)

@@ -216,10 +216,12 @@ def _block_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
 def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
     """dV, dQ, dK with every scale along the free axis of its product:
     dV in FP8 (P e4m3 with the static scale 1/256, dO^ e4m3 per block); X = dS s_K per (q token,
-    key tile: validate.key_tile) for dQ; Y = dS s_Q per (kv token, q block) for dK. Returns the dequantised P and dS
-    (dS as dQ sees it) as callables."""
+    key tile: validate.key_tile) for dQ; Y = dS s_Q per (kv token, q block) for dK. Returns the dequantised
+    P and dS (dS as dQ sees it) as callables."""
     b, h, n, d = saved.v.shape
-    tm, tn, bq, bk = n // cfg.block_q, n // cfg.block_kv, cfg.block_q, cfg.block_kv
+    tm, bq = n // cfg.block_q, cfg.block_q
+    bx = key_tile(cfg.quant, cfg.block_kv)   # X's keys per scale: the forward's key tile (128 by default)
+    tx = n // bx
     s_k, s_q = saved.s_k.unsqueeze(-2), saved.s_q.unsqueeze(-1)  # per kv column, per q row
 
     def by_q_block(t):   # (B,H,N,M) -> (B,H,Tm,Bq,M)
@@ -228,8 +230,6 @@ def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
     p_hat = round_to_e4m3(p * P_E4M3_SCALE) if cfg.quantize else p * P_E4M3_SCALE   # 256 P, in e4m3
     pt_do = torch.einsum("bhiqn,bhiqd->bhind", by_q_block(p_hat), by_q_block(do_hat))
     dv = (pt_do * (s_do * (1.0 / P_E4M3_SCALE))[:, :, :, None, None]).sum(dim=2)
-    bx = key_tile(cfg.quant, bk)   # X's keys per scale: the forward's key tile (128 by default)
-    tx = n // bx
     x_hat, s_x = quantize_groups(ds * s_k, bx, -1, cfg.quantize)   # s_x (B,H,N,Tx)
     xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tx, bx), saved.k_hat.reshape(b, h, tx, bx, d))
     dq = (xk * s_x[..., None] * sm_scale).sum(dim=-2)

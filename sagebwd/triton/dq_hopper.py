@@ -256,7 +256,7 @@ def _pair(u, n_pairs, dq, ds_prev, ds_prev_b, scale_prev, prev_slot, q_smem, do_
     the slot. The block contract (_tile): unless FIRST, the previous pair's last dS^ comes in (ds_prev,
     scale_prev; its K^T in prev_slot), tile 2u refills that slot (WS: frees it), and each tile's product
     runs during the next tile (ds_prev_b unused, passed through). TOKEN (_tile_token): X of both tiles is
-    quantised with one scale per q row of the pair (backward.py's X group, 2 KV_ROWS = block_q keys); the
+    quantised with one scale per q row of the pair (2 KV_ROWS = 128 keys: the contract's key tile); the
     pair's product runs during the next pair's first tile (ds_prev, ds_prev_b: the previous pair's X^ bits,
     scale_prev its per-row scale; not WS: the slot is refilled after tile 2u). s_K of the pair is ring slot
     `slot` of sk_smem, SK_bh unused."""

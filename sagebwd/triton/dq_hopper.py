@@ -61,9 +61,16 @@ from .dkdv_hopper import _int8_bits, _row_scales, _seq_copy, as_a_operand
 
 Q_ROWS = 128    # q rows per program = block_q
 KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
-STAGES = 2      # tile pairs in flight
+STAGES = 2      # tile pairs in flight (stages(): 3 for the d=64 causal token dQ)
 PRODUCER_REGS = 24   # the producer warp of the warp-specialised form (WS)
 CONSUMER_REGS = 240  # SPLIT: 2 consumers x 128 threads x 240 + 32 x 24 fill the 64 K registers of an SM
+
+
+def stages(head_dim: int, causal: bool, token: bool) -> int:
+    """Tile pairs in the ring: a third for the d=64 token dQ under the causal mask (H100: -1.7..-2.4% causal, but
+    +1.7..+2.1% without the mask, docs/kernel-notes.md); d=128 has no shared memory for it."""
+    return 3 if token and head_dim <= 64 and causal else STAGES
+
 
 # A CTA barrier (the name changed between Triton 3.6 and 3.7).
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier

@@ -122,7 +122,7 @@ def dq_launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *
             seq_desc(v, 2 * kv_rows), s_q, s_k, lse2, delta, dq, *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h,
             heads_per_section(causal, b * h, (k8, k8t, v)),
             desc((s_k if token else lse2).reshape(rows), [2 * kv_rows]))   # block: unused
-    kwargs = dict(HEAD_DIM=d, Q_ROWS=q_rows, KV_ROWS=kv_rows, CAUSAL=causal, STAGES=dq_hopper.STAGES,
+    kwargs = dict(HEAD_DIM=d, Q_ROWS=q_rows, KV_ROWS=kv_rows, CAUSAL=causal, STAGES=dq_hopper.stages(d, causal, token),
                   num_warps=4 if split else 8, WS=ws, PRODUCER_REGS=dq_hopper.PRODUCER_REGS, TOKEN=token, SPLIT=split,
                   CONSUMER_REGS=dq_hopper.CONSUMER_REGS)
     return tile_grid(n // q_rows, b * h), args, kwargs

@@ -200,18 +200,18 @@ def _pair_product(bits_a, bits_b, kt_pair, op_layout: gl.constexpr, acc_layout: 
 def _tile_token(j, dq, bits_a, bits_b, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_tile, lse, delta,
                 offs_m, qk_row, refill, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
                 op_layout: gl.constexpr, STAGES: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr,
-                HEAD_DIM: gl.constexpr, FIRST: gl.constexpr, MASK: gl.constexpr, REFILL: gl.constexpr, empty,
-                WS: gl.constexpr, HALF: gl.constexpr, PRODUCT: gl.constexpr):
+                HEAD_DIM: gl.constexpr, MASK: gl.constexpr, empty, WS: gl.constexpr, HALF: gl.constexpr,
+                PRODUCT: gl.constexpr):
     """Tile j in the token contract (backward.py's TOKEN branches, in its order and roundings):
     S = int(Q^ K^T) * s_K per kv column * (s_Q qk_const) per q row (qk_row), then exp2(S - LSE) (the
     second multiply and the subtraction one fma, contracted as there); dS = P (dP - delta); returns dq
     and X = dS s_K, which _pair quantises with one scale per q row of the tile pair. PRODUCT (the pair's
-    first tile, unless FIRST): the previous pair's product int(X^ K^) (bits_a, bits_b: its X^ bits;
-    kt_prev: its K^T) runs on the tensor cores with S and dP and is folded into dq with scale_prev (per q
-    row) while they finish. s_K of the tile's kv rows (sk_tile) came by TMA with K^ (loaded from global
-    memory, its 64-bit addresses were carried across the loop and spilled). REFILL and WS: the ring slot
-    of the previous pair is freed (a barrier and one arrive) right after its product is folded in (not
-    WS: _pair refills it after this tile)."""
+    first tile, unless it is the block's first pair): the previous pair's product int(X^ K^) (bits_a,
+    bits_b: its X^ bits; kt_prev: its K^T) runs on the tensor cores with S and dP and is folded into dq
+    with scale_prev (per q row) while they finish; WS: the ring slot that product read is then freed (a
+    barrier and one arrive; not WS: _pair refills it after this tile). s_K of the tile's kv rows
+    (sk_tile) came by TMA with K^ (loaded from global memory, its 64-bit addresses were carried across
+    the loop and spilled)."""
     # s_K per kv column, read before this tile's products are issued: read after, it queued behind
     # their shared-memory reads and S's first multiply waited on it (ncu: short scoreboard).
     k_scale = sk_tile.load(gl.SliceLayout(0, s_layout))
@@ -230,7 +230,7 @@ def _tile_token(j, dq, bits_a, bits_b, scale_prev, kt_prev, q_smem, do_smem, k_t
     if PRODUCT:
         dq_int = warpgroup_mma_wait(1, deps=[dq_tok])
         dq += dq_int.to(gl.float32) * scale_prev[:, None]
-        if REFILL and WS:   # the product that read pair u-1's slot is done in this warp; in all after the barrier
+        if WS:   # the product that read pair u-1's slot is done in this warp; in all after the barrier
             if HALF < 0:
                 _cta_barrier()
                 mbarrier.arrive(empty.index(refill % STAGES))
@@ -277,7 +277,7 @@ def _pair(u, n_pairs, dq, ds_prev, ds_prev_b, scale_prev, prev_slot, q_smem, do_
         dq, x_a = _tile_token(2 * u, dq, ds_prev, ds_prev_b, scale_prev, kt_smem.index(prev_slot), q_smem, do_smem,
                               k_pair.slice(0, KV_ROWS), v_pair.slice(0, KV_ROWS), sk_smem.index(slot).slice(0, KV_ROWS),
                               lse, delta, offs_m, q_scale, refill, s_layout, dp_layout, acc_layout, op_layout, STAGES,
-                              Q_ROWS, KV_ROWS, HEAD_DIM, FIRST, MASK, not FIRST, empty, WS, HALF, not FIRST)
+                              Q_ROWS, KV_ROWS, HEAD_DIM, MASK, empty, WS, HALF, not FIRST)
         if not WS and not FIRST:
             if refill < n_pairs:
                 _cta_barrier()   # every warp has waited on the product that read the slot (tile 2u's first)
@@ -286,8 +286,8 @@ def _pair(u, n_pairs, dq, ds_prev, ds_prev_b, scale_prev, prev_slot, q_smem, do_
         dq, x_b = _tile_token(2 * u + 1, dq, ds_prev, ds_prev_b, scale_prev, kt_pair, q_smem, do_smem,
                               k_pair.slice(KV_ROWS, KV_ROWS), v_pair.slice(KV_ROWS, KV_ROWS),
                               sk_smem.index(slot).slice(KV_ROWS, KV_ROWS), lse, delta, offs_m, q_scale, refill,
-                              s_layout, dp_layout, acc_layout, op_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, False,
-                              MASK, False, empty, WS, HALF, False)
+                              s_layout, dp_layout, acc_layout, op_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, MASK,
+                              empty, WS, HALF, False)
         # one scale per q row of the pair: a max over the thread's columns of both tiles, then a quad's shuffles
         x_scale, x_inv = _row_scales(gl.max(gl.maximum(gl.abs(x_a), gl.abs(x_b)), axis=1))
         bits = _int8_bits(x_a, x_inv[:, None])

@@ -27,6 +27,21 @@ def test_matches_simulation(dtype, head_dim, causal, smooth_q, quant):
         assert err <= TOLERANCE[dtype], f"{name}: kernel vs simulation {err:.2e}"
 
 
+@pytest.mark.parametrize("shape", [(4, 12, 4096, 64), (1, 3, 16384 + 64, 128)])
+def test_sequence_mean_kernel_matches_torch(shape):
+    """The K-smoothing mean on a GPU (quantize.sequence_mean: a split reduction whose last program adds
+    the partial sums in a fixed order) against PyTorch's mean, in the model's layout; the same bits over
+    reruns."""
+    from sagebwd.triton import quantize
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    b, h, n, d = shape
+    k = (torch.randn(b, n, h, d, device="cuda", generator=gen) * 2 + 3).bfloat16().transpose(1, 2)
+    mean = quantize.sequence_mean(k)
+    torch.testing.assert_close(mean, k.mean(dim=2, dtype=torch.float32).reshape(b * h, d), rtol=2e-6, atol=1e-6)
+    assert all(torch.equal(mean, quantize.sequence_mean(k)) for _ in range(5)), "reruns differ: a race"
+
+
 def test_compiled_model_matches_eager():
     from sagebwd.triton import attention
 

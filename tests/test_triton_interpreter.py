@@ -228,6 +228,27 @@ def _token_quantize_case() -> dict:
             "k_equal_across_tiles": bool(torch.equal(one[4], three[4])) and bool(torch.equal(one[6], three[6]))}
 
 
+def _sequence_mean_case() -> dict:
+    """The K-smoothing mean's kernel (quantize._sequence_mean, the GPU's; the CPU path is PyTorch's): against
+    the fp64 mean, for a strided K, a sequence that ends inside a program's rows, and one long enough that a
+    program sums several 128-row steps; and the same bits when run again."""
+    import torch
+    from sagebwd.triton import quantize as kq
+
+    gen = torch.Generator().manual_seed(5)
+    errors, repeats = [], True
+    for shape, strided in [((1, 2, 256, 64), False), ((2, 3, 384, 128), True), ((1, 1, 200, 64), False),
+                           ((1, 1, 128 * kq.MAX_MEAN_CHUNKS * 2 + 64, 64), False)]:   # the last: 3 steps of 128 rows
+        k = (torch.randn(*shape, generator=gen) * 3 + torch.randn(shape[-1], generator=gen) * 5).bfloat16()
+        if strided:   # the model's layout: (B, N, H, D) in memory
+            k = k.transpose(1, 2).contiguous().transpose(1, 2)
+        mean = kq._sequence_mean(k)
+        exact = k.double().mean(dim=2).reshape(mean.shape)
+        errors.append(((mean.double() - exact).abs() / exact.abs().clamp_min(1e-3)).max().item())
+        repeats = repeats and bool(torch.equal(mean, kq._sequence_mean(k)))
+    return {"name": "sequence_mean", "max_rel_error": max(errors), "repeats": repeats}
+
+
 def _e4m3_case() -> dict:
     """_common.to_e4m3 against torch's float8_e4m3fn on the values that decide a rounding: ties (to
     even), the carry into the next power of two that Triton's own interpreter conversion drops,
@@ -285,6 +306,7 @@ def main() -> None:
     print(json.dumps(_fused_quantize_case()), flush=True)
     print(json.dumps(_token_quantize_case()), flush=True)
     print(json.dumps(_e4m3_case()), flush=True)
+    print(json.dumps(_sequence_mean_case()), flush=True)
     print(json.dumps(_token_fallback_case()), flush=True)
     print(json.dumps(_compile_case()), flush=True)
     print(json.dumps(_opcheck_case()), flush=True)
@@ -355,6 +377,15 @@ def test_token_preprocess_writes_lse_minus_log2_256(results):
 
 def test_token_backward_computes_its_operands_when_not_given(results):
     assert results["token_fallback"]["equal"], "backward() without delta_sq / lse2_p gave other gradients"
+
+
+def test_sequence_mean_kernel_is_the_mean(results):
+    """The GPU's K mean (a program per 128 rows, the head's last one adds the partial sums in order) is the
+    fp32 mean to a few ulps and gives the same bits on every run (the sum's order does not depend on which
+    program finishes last)."""
+    r = results["sequence_mean"]
+    assert r["max_rel_error"] < 1e-6, r
+    assert r["repeats"], "two runs of the mean kernel gave different bits"
 
 
 def test_e4m3_rounding_is_round_to_nearest_even(results):

@@ -196,8 +196,18 @@ def test_dq_add_bench_says_it_needs_a_gpu(monkeypatch, capsys):
 
     from tools import dq_add_bench
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert dq_add_bench.main() == 2
+    assert dq_add_bench.main([]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", ["8,8,4096", "8,8,4000,128", "8,8,4096,96", "a,b,c,d"])
+def test_dq_add_bench_rejects_a_bad_shape(bad, capsys):
+    """A shape the adds cannot tile is refused with what is wrong, before any GPU work."""
+    from tools import dq_add_bench
+    with pytest.raises(SystemExit):
+        dq_add_bench.main(["--shapes", bad])
+    err = capsys.readouterr().err
+    assert "--shapes" in err and ("B,H,N,D" in err or "multiple of 128" in err), err
 
 
 def _misaligned(t):

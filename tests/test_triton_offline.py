@@ -314,8 +314,9 @@ def test_gluon_backward_builds_for_the_models_strided_v_and_do(head_dim):
         assert usage["regs"] <= 255 and compiled.metadata.shared <= HOPPER_SHARED_BYTES
 
 
+@pytest.mark.parametrize("kv_rows", [64, 128])
 @pytest.mark.parametrize("mode", [1, 2])
-def test_dq_add_bench_builds_its_atomics_and_tma_reductions(mode):
+def test_dq_add_bench_builds_its_atomics_and_tma_reductions(mode, kv_rows):
     """The fused-backward cost benchmark (tools.dq_add_bench, GPU only) still compiles for
     sm_90 and measures what it says: per-element atomics, or TMA bulk reductions."""
     import triton
@@ -323,9 +324,9 @@ def test_dq_add_bench_builds_its_atomics_and_tma_reductions(mode):
     from tools import dq_add_bench
 
     signature = {"DQ": "*fp32", "desc": "tensordesc<fp32[128, 64]>", "N": "i32", "D": "constexpr",
-                 "MODE": "constexpr", "CAUSAL": "constexpr"}
+                 "MODE": "constexpr", "CAUSAL": "constexpr", "KV_ROWS": "constexpr"}
     src = triton.compiler.ASTSource(dq_add_bench._adds, signature=signature,
-                                    constexprs={"D": 64, "MODE": mode, "CAUSAL": True})
+                                    constexprs={"D": 64, "MODE": mode, "CAUSAL": True, "KV_ROWS": kv_rows})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 128)).asm["ptx"]
     if mode == 1:
         assert "red.global" in ptx or "atom.global" in ptx

@@ -249,6 +249,24 @@ def _sequence_mean_case() -> dict:
     return {"name": "sequence_mean", "max_rel_error": max(errors), "repeats": repeats}
 
 
+def _dq_add_bench_case() -> dict:
+    """tools.dq_add_bench's token dK/dV (what it times beside the adds) is the op's: its dK and dV equal the
+    backward's, bit for bit."""
+    import torch
+    from sagebwd.triton import ops
+    from tools import dq_add_bench
+
+    launch, (dk, dv) = dq_add_bench.token_dkdv(1, 2, 256, 64, device="cpu")
+    launch()
+    gen = torch.Generator(device="cpu").manual_seed(0)   # token_dkdv's inputs, drawn again
+    q, k, v, do = (torch.randn(1, 2, 256, 64, generator=gen, dtype=torch.bfloat16) for _ in range(4))
+    saved = ops._forward_impl(q, k, v, True, True, False, 128, 64, True, True, "default", None)
+    o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = saved
+    _, dk_op, dv_op = ops._backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, True, True,
+                                         False, 128, 64, True)
+    return {"name": "dq_add_bench", "equal": bool(torch.equal(dk, dk_op)) and bool(torch.equal(dv, dv_op))}
+
+
 def _e4m3_case() -> dict:
     """_common.to_e4m3 against torch's float8_e4m3fn on the values that decide a rounding: ties (to
     even), the carry into the next power of two that Triton's own interpreter conversion drops,
@@ -307,6 +325,7 @@ def main() -> None:
     print(json.dumps(_token_quantize_case()), flush=True)
     print(json.dumps(_e4m3_case()), flush=True)
     print(json.dumps(_sequence_mean_case()), flush=True)
+    print(json.dumps(_dq_add_bench_case()), flush=True)
     print(json.dumps(_token_fallback_case()), flush=True)
     print(json.dumps(_compile_case()), flush=True)
     print(json.dumps(_opcheck_case()), flush=True)
@@ -386,6 +405,10 @@ def test_sequence_mean_kernel_is_the_mean(results):
     r = results["sequence_mean"]
     assert r["max_rel_error"] < 1e-6, r
     assert r["repeats"], "two runs of the mean kernel gave different bits"
+
+
+def test_dq_add_bench_times_the_ops_token_dkdv(results):
+    assert results["dq_add_bench"]["equal"], "tools.dq_add_bench's dK/dV differs from the op's backward"
 
 
 def test_e4m3_rounding_is_round_to_nearest_even(results):

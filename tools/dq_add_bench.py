@@ -1,6 +1,6 @@
 """What a fused backward would pay to add its dQ partials: a GPU benchmark, no kernel of the op.
 
-    python -m tools.dq_add_bench [--kv-rows 64 128] [--shapes B,H,N,D ...]
+    python -m tools.dq_add_bench [--kv-rows 64 128] [--shapes B,H,N,D ...] [--beside-dkdv]
 
 A backward that computed dQ inside the dK/dV program (no separate dQ kernel) would add every
 tile's fp32 dQ partial into a global fp32 buffer: with 64-row kv programs (the op's), each (kv
@@ -11,10 +11,17 @@ stores (the write traffic alone, no add), per-element atomics (`tl.atomic_add`, 
 TMA reductions (a tensor descriptor's `atomic_add`: `cp.reduce.async.bulk.tensor`). Measured on
 the H200 (docs/kernel-notes.md, "What is left"): 0.95 / 1.2 / 1.2 ms, more than the whole dQ
 kernel they would replace (1.14 ms), so the fusion is not pursued at this tile size.
+
+`--beside-dkdv` asks whether that traffic can hide behind a backward kernel's arithmetic: the adds launched on a
+second stream beside the token contract's dK/dV kernel, against each alone. On an H100 5-20% of the adds' time
+hid (docs/kernel-notes.md). The dK/dV program takes its SM's register file (setmaxnreg), so the two kernels'
+programs rarely share an SM: this bounds what a separate kernel overlaps, not what a warpgroup of a fused
+kernel could.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 import triton
@@ -56,6 +63,54 @@ def measure(b: int, h: int, n: int, d: int, causal: bool = True, kv_rows: int = 
     return row
 
 
+def token_dkdv(b: int, h: int, n: int, d: int, causal: bool = True, device: str = "cuda"):
+    """(a function that launches the token contract's default dK/dV (the registry's for `device`) on random inputs
+    of (b, h, n, d), all its operands prepared once (forward, quantisation, preprocess); the dK and dV it writes)."""
+    from sagebwd.triton import backward as kb, ops, quantize as kq, registry
+    from sagebwd.triton.launch import arch_for
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, do = (torch.randn(b, h, n, d, device=device, generator=gen, dtype=torch.bfloat16) for _ in range(4))
+    o, lse, q8, q8t, s_q, k8, k8t, s_k, _, k_mean = ops._forward_impl(q, k, v, causal, True, False, 128, 64, True, True,
+                                                                      "default", None)
+    delta, lse2, do8t, s_do, delta_sq, lse2_p = kq.backward_preprocess(do, o, lse, 128, s_q)
+    grads = [torch.empty_like(q) for _ in range(3)]
+    call = kb.BackwardCall(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *grads, s_q, causal, True, None,
+                           k, k_mean, 128, 64, True, delta_sq, lse2_p)
+    kernel = registry.resolve(arch_for(q.device, None), d, "dkdv", "token", causal=causal, block_q=128, block_kv=64,
+                              smooth_q=False, seq=n)
+    run = registry.load(kernel)
+    return (lambda: run(call, None)), (call.dk, call.dv)
+
+
+def beside(first, second):
+    """first() and second() launched together on two streams (the GPU may run their programs side by side)."""
+    main = torch.cuda.current_stream()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+
+    def both():
+        for stream, fn in zip(streams, (first, second)):
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                fn()
+        for stream in streams:
+            main.wait_stream(stream)
+    return both
+
+
+def measure_beside_dkdv(b: int, h: int, n: int, d: int, kv_rows: int) -> dict:
+    """The causal token dK/dV alone, the TMA-reduce adds of kv_rows-row programs alone, and both at once:
+    whether the adds' traffic hides behind a backward kernel's arithmetic (what a fused backward needs)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    dq = torch.zeros(b * h * n, d, device="cuda", dtype=torch.float32)
+    desc = TensorDescriptor.from_tensor(dq, [128, d])
+
+    def adds():
+        _adds[(n // kv_rows, b * h)](dq, desc, n, D=d, MODE=2, CAUSAL=True, KV_ROWS=kv_rows, num_warps=4)
+    dkdv, _ = token_dkdv(b, h, n, d)
+    bench = functools.partial(triton.testing.do_bench, return_mode="median")
+    return {"dkdv": bench(dkdv), "adds": bench(adds), "both": bench(beside(dkdv, adds))}
+
+
 def _shape(text: str) -> tuple:
     try:
         b, h, n, d = (int(x) for x in text.split(","))
@@ -71,10 +126,22 @@ def main(argv=None) -> int:
     parser.add_argument("--kv-rows", type=int, nargs="+", choices=(64, 128), default=[64],
                         help="kv rows per program, i.e. per dQ partial (default 64, the op's)")
     parser.add_argument("--shapes", type=_shape, nargs="+", default=list(SHAPES), metavar="B,H,N,D")
+    parser.add_argument("--beside-dkdv", action="store_true",
+                        help="also time the TMA-reduce adds (causal) launched beside the token dK/dV kernel")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("dq_add_bench needs a CUDA GPU")
         return 2
+    if args.beside_dkdv:
+        print("| (B,H,N,D) causal | kv rows | token dK/dV ms | TMA-reduce adds ms | both at once ms | hidden |")
+        print("|---|---|---|---|---|---|")
+        for shape in args.shapes:
+            for kv_rows in args.kv_rows:
+                r = measure_beside_dkdv(*shape, kv_rows)
+                hidden = (r["dkdv"] + r["adds"] - r["both"]) / r["adds"]
+                print(f"| {tuple(shape)} | {kv_rows} | {r['dkdv']:.3f} | {r['adds']:.3f} | {r['both']:.3f} | "
+                      f"{hidden:.0%} |", flush=True)
+        print()
     print("| (B,H,N,D) | mask | kv rows | fp32 adds | store ms | atomic ms | TMA reduce ms | TB/s (TMA) |")
     print("|---|---|---|---|---|---|---|---|")
     for shape in args.shapes:

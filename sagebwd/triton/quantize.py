@@ -142,12 +142,12 @@ def _warps(block: int, head_dim: int) -> int:
 @triton.jit
 def _sequence_mean_kernel(X, PARTIAL, ARRIVED, MEAN, stride_b, stride_h, stride_n, stride_d, H, N,
                           ROWS: tl.constexpr, STEP: tl.constexpr, CHUNKS_P2: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Program (c, bh) sums rows c*ROWS.. of X[b, h] into PARTIAL[bh, c] (fp32, STEP rows at a time);
+    """Program (bh, c) sums rows c*ROWS.. of X[b, h] into PARTIAL[bh, c] (fp32, STEP rows at a time);
     the head's last program to arrive (ARRIVED[bh], zeroed by the caller) adds the partial sums in
     chunk order, whichever program it is, and writes their mean: deterministic, in one launch."""
-    c = tl.program_id(0)
-    bh = tl.program_id(1)
-    chunks = tl.num_programs(0)
+    bh = tl.program_id(0)   # heads on the grid's first axis, which has no 65535 limit
+    c = tl.program_id(1)
+    chunks = tl.num_programs(1)
     offs_d = tl.arange(0, HEAD_DIM)
     base = X + (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
     total = tl.zeros([HEAD_DIM], tl.float32)
@@ -193,7 +193,7 @@ def _sequence_mean(x: torch.Tensor, tuning: Tuning | None = None) -> torch.Tenso
     partial = torch.empty(b * h, chunks, d, device=x.device, dtype=torch.float32)
     arrived = torch.zeros(b * h, device=x.device, dtype=torch.int32)
     mean = torch.empty(b * h, d, device=x.device, dtype=torch.float32)
-    launch("sequence_mean", _sequence_mean_kernel, (chunks, b * h), x, partial, arrived, mean, *x.stride(), h, n,
+    launch("sequence_mean", _sequence_mean_kernel, (b * h, chunks), x, partial, arrived, mean, *x.stride(), h, n,
            ROWS=rows, STEP=step, CHUNKS_P2=triton.next_power_of_2(chunks), HEAD_DIM=d, num_warps=4, tuning=tuning)
     return mean
 

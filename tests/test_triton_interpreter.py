@@ -399,7 +399,7 @@ def test_token_backward_computes_its_operands_when_not_given(results):
 
 
 def test_sequence_mean_kernel_is_the_mean(results):
-    """The GPU's K mean (a program per 128 rows, the head's last one adds the partial sums in order) is the
+    """The GPU's K mean (programs over rows of a head, the head's last one adds the partial sums in order) is the
     fp32 mean to a few ulps and gives the same bits on every run (the sum's order does not depend on which
     program finishes last)."""
     r = results["sequence_mean"]

@@ -175,8 +175,8 @@ def sequence_mean(x: torch.Tensor, tuning: Tuning | None = None) -> torch.Tensor
 
     On a GPU one launch of _sequence_mean_kernel, up to 64 programs per head (PyTorch's strided reduction,
     which it replaces, took 25 us at (4, 12, 4096, 64) on an H100, this 16; a one-program-per-head Triton
-    loop left most SMs idle). On the CPU PyTorch's mean, the
-    simulation's, so that the interpreter's kernels and the simulation quantise the same K.
+    loop left most SMs idle). On the CPU PyTorch's mean, the simulation's, so that the interpreter's
+    kernels and the simulation quantise the same K.
     """
     if not x.is_cuda:
         b, h, n, d = x.shape

@@ -213,6 +213,23 @@ def _block_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
     return dv, dq, dk, lambda: dequantize_tiles(p_hat, s_p), lambda: dequantize_tiles(ds_hat, s_ds)
 
 
+def token_x_dq(ds, saved: Saved, keys: int, cfg: SageConfig, sm_scale: float):
+    """The token contract's dQ = dS K: X = dS s_K (K's token scale moved into dS, since it runs along the sum)
+    quantised per (q token, tile of `keys` keys), times K^. Returns dQ and, as a callable, dS as dQ sees it.
+    The contract's tile is validate.key_tile's; tools.quant_study's x64 passes block_kv."""
+    b, h, n, d = saved.v.shape
+    tx = n // keys
+    s_k = saved.s_k.unsqueeze(-2)   # per kv column
+    x_hat, s_x = quantize_groups(ds * s_k, keys, -1, cfg.quantize)   # s_x (B,H,N,Tx)
+    xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tx, keys), saved.k_hat.reshape(b, h, tx, keys, d))
+    dq = (xk * s_x[..., None] * sm_scale).sum(dim=-2)
+
+    def ds_seen():
+        x = dequantize_groups(x_hat, s_x, keys, -1)
+        return torch.where(s_k > 0, x / torch.where(s_k > 0, s_k, torch.ones_like(s_k)), torch.zeros_like(x))
+    return dq, ds_seen
+
+
 def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
     """dV, dQ, dK with every scale along the free axis of its product:
     dV in FP8 (P e4m3 with the static scale 1/256, dO^ e4m3 per block); X = dS s_K per (q token,
@@ -220,9 +237,7 @@ def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
     P and dS (dS as dQ sees it) as callables."""
     b, h, n, d = saved.v.shape
     tm, bq = n // cfg.block_q, cfg.block_q
-    bx = key_tile(cfg.quant, cfg.block_kv)   # X's keys per scale: the forward's key tile (128 by default)
-    tx = n // bx
-    s_k, s_q = saved.s_k.unsqueeze(-2), saved.s_q.unsqueeze(-1)  # per kv column, per q row
+    s_q = saved.s_q.unsqueeze(-1)   # per q row
 
     def by_q_block(t):   # (B,H,N,M) -> (B,H,Tm,Bq,M)
         return t.reshape(b, h, tm, bq, -1)
@@ -230,16 +245,11 @@ def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
     p_hat = round_to_e4m3(p * P_E4M3_SCALE) if cfg.quantize else p * P_E4M3_SCALE   # 256 P, in e4m3
     pt_do = torch.einsum("bhiqn,bhiqd->bhind", by_q_block(p_hat), by_q_block(do_hat))
     dv = (pt_do * (s_do * (1.0 / P_E4M3_SCALE))[:, :, :, None, None]).sum(dim=2)
-    x_hat, s_x = quantize_groups(ds * s_k, bx, -1, cfg.quantize)   # s_x (B,H,N,Tx)
-    xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tx, bx), saved.k_hat.reshape(b, h, tx, bx, d))
-    dq = (xk * s_x[..., None] * sm_scale).sum(dim=-2)
+    # X's keys per scale: the forward's key tile (128 by default)
+    dq, ds_seen = token_x_dq(ds, saved, key_tile(cfg.quant, cfg.block_kv), cfg, sm_scale)
     y_hat, s_y = quantize_groups(ds * s_q, bq, -2, cfg.quantize)   # s_y (B,H,Tm,N)
     yq = torch.einsum("bhiqn,bhiqd->bhind", by_q_block(y_hat), by_q_block(saved.q_hat))
     dk = (yq * s_y[..., None] * sm_scale).sum(dim=2)
-
-    def ds_seen():
-        x = dequantize_groups(x_hat, s_x, bx, -1)
-        return torch.where(s_k > 0, x / torch.where(s_k > 0, s_k, torch.ones_like(s_k)), torch.zeros_like(x))
     return dv, dq, dk, lambda: p_hat * (1.0 / P_E4M3_SCALE), ds_seen
 
 

@@ -48,18 +48,22 @@ def _adds(DQ, desc, N, D: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr
             desc.atomic_add([(bh * N + i * 128).to(tl.int32), 0], val)
 
 
-def measure(b: int, h: int, n: int, d: int, causal: bool = True, kv_rows: int = 64) -> dict:
+def adds_launcher(b: int, h: int, n: int, d: int, causal: bool, kv_rows: int):
+    """mode -> a function that launches the adds of one backward in that mode (0 stores, 1 atomics, 2 TMA
+    reductions) into a zeroed fp32 dQ buffer of (b, h, n, d)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     dq = torch.zeros(b * h * n, d, device="cuda", dtype=torch.float32)
     desc = TensorDescriptor.from_tensor(dq, [128, d])
+    return lambda mode: lambda: _adds[(n // kv_rows, b * h)](dq, desc, n, D=d, MODE=mode, CAUSAL=causal,
+                                                             KV_ROWS=kv_rows, num_warps=4)
+
+
+def measure(b: int, h: int, n: int, d: int, causal: bool = True, kv_rows: int = 64) -> dict:
     tiles = sum(n // 128 - ((j * kv_rows) // 128 if causal else 0) for j in range(n // kv_rows))
-    adds = tiles * b * h * 128 * d
-    row = {"shape": [b, h, n, d], "causal": causal, "kv_rows": kv_rows, "adds": adds}
+    row = {"shape": [b, h, n, d], "causal": causal, "kv_rows": kv_rows, "adds": tiles * b * h * 128 * d}
+    adds = adds_launcher(b, h, n, d, causal, kv_rows)
     for mode, name in ((0, "store"), (1, "atomic"), (2, "tma")):
-        row[name] = triton.testing.do_bench(
-            lambda: _adds[(n // kv_rows, b * h)](dq, desc, n, D=d, MODE=mode, CAUSAL=causal, KV_ROWS=kv_rows,
-                                                  num_warps=4),
-            return_mode="median")
+        row[name] = triton.testing.do_bench(adds(mode), return_mode="median")
     return row
 
 
@@ -100,12 +104,7 @@ def beside(first, second):
 def measure_beside_dkdv(b: int, h: int, n: int, d: int, kv_rows: int) -> dict:
     """The causal token dK/dV alone, the TMA-reduce adds of kv_rows-row programs alone, and both at once:
     whether the adds' traffic hides behind a backward kernel's arithmetic (what a fused backward needs)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    dq = torch.zeros(b * h * n, d, device="cuda", dtype=torch.float32)
-    desc = TensorDescriptor.from_tensor(dq, [128, d])
-
-    def adds():
-        _adds[(n // kv_rows, b * h)](dq, desc, n, D=d, MODE=2, CAUSAL=True, KV_ROWS=kv_rows, num_warps=4)
+    adds = adds_launcher(b, h, n, d, True, kv_rows)(2)
     dkdv, _ = token_dkdv(b, h, n, d)
     bench = functools.partial(triton.testing.do_bench, return_mode="median")
     return {"dkdv": bench(dkdv), "adds": bench(adds), "both": bench(beside(dkdv, adds))}

@@ -76,7 +76,8 @@ import torch
 
 from sagebwd.fpa import fpa_attention
 from sagebwd.quant import E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks, round_to_e4m3
-from sagebwd.simulate import SageConfig, backward, compute_dtype, forward, forward_quantized, scores, smooth
+from sagebwd.simulate import (SageConfig, backward, compute_dtype, forward, forward_quantized, scores, smooth,
+                              token_x_dq)
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS, key_tile
 
@@ -230,16 +231,9 @@ def _kv_tile_x_dq(saved, inter, cfg: SageConfig) -> tuple[torch.Tensor, torch.Te
     """(dQ, dS as it consumes it) with X = dS s_K quantised per (q token, block_kv tile), as the token
     contract had it until 2026-11-27 (ninth session); the contract's X takes one scale per key tile of 128
     keys (validate.key_tile), so that the dQ kernel sums one INT8 product over 128 keys."""
-    b, h, n, d = saved.v.shape
-    tn, bk = n // cfg.block_kv, cfg.block_kv
-    s_k = saved.s_k.unsqueeze(-2)   # per kv column
     ds = _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
-    x_hat, s_x = quantize_groups(ds * s_k, bk, -1, cfg.quantize)           # s_x (B,H,N,Tn)
-    xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tn, bk), saved.k_hat.reshape(b, h, tn, bk, d))
-    dq = (xk * s_x[..., None] * (1.0 / math.sqrt(d))).sum(dim=-2)
-    x = dequantize_groups(x_hat, s_x, bk, -1)
-    ds_seen = torch.where(s_k > 0, x / torch.where(s_k > 0, s_k, torch.ones_like(s_k)), torch.zeros_like(x))
-    return dq.to(saved.v.dtype), ds_seen
+    dq, ds_seen = token_x_dq(ds, saved, cfg.block_kv, cfg, 1.0 / math.sqrt(saved.v.shape[-1]))
+    return dq.to(saved.v.dtype), ds_seen()
 
 
 def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -210,6 +210,15 @@ def test_dq_add_bench_rejects_a_bad_shape(bad, capsys):
     assert "--shapes" in err and ("B,H,N,D" in err or "multiple of 128" in err), err
 
 
+def test_dq_add_bench_rejects_other_kv_rows(capsys):
+    """Only the kv tile heights a backward program holds (64, 128) are timed; another is refused by name."""
+    from tools import dq_add_bench
+    with pytest.raises(SystemExit):
+        dq_add_bench.main(["--kv-rows", "96"])
+    err = capsys.readouterr().err
+    assert "--kv-rows" in err and "96" in err, err
+
+
 def _misaligned(t):
     """t's values at an address one element past a 16-byte boundary (what an offset view hands a kernel)."""
     import torch

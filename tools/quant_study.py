@@ -60,6 +60,17 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
   Diagnostic (``--variants fK``): f's K grouping with Q per token, as the contract has it (Q sits
   on the M side in the forward and the dQ kernel, where its per-token scale costs no outer product).
 
+  dpi8  the backward's dP = dO V^T (unquantised in the contract) in INT8: dO per q token and V per kv
+     token (amax over the D channels / 127, sagebwd.quant's rounding). Both scales run along dP's free
+     axes, so they leave the sum over D: dP = s_dO[i] s_V[j] (dO^ V^T)[i, j], the integer product exact,
+     the scales applied in fp64. dS = P (dP - delta), delta = rowsum(dO * O) in float as the contract
+     has it, then both of the contract's dS quantisations (X for dQ, Y for dK) from the same dP, as a
+     dQ kernel and a dK kernel would each compute it. O and dV do not see dP.
+  dpf8  as dpi8 with dO and V in FP8 e4m3 per token (amax / 448), the products summed in fp64.
+  dpi8b  as dpi8 with dO INT8 per (block_q x D) block (amax / 127: the granularity of the contract's
+     FP8 dO for dV and of the "block" contract's INT8 dO), V per kv token.
+  Not in the default list (``--variants a dpi8 dpf8 dpi8b``).
+
 Variants e and f keep the backward's token-contract formulas (X = dS s_K, Y = dS s_Q) with the
 group scale of each token. Fake quantisation: FP8 values are rounded to e4m3 (round to nearest even,
 subnormals kept, clamped to +-448) and the products of dequantised values are summed in fp64; the
@@ -75,9 +86,10 @@ import sys
 import torch
 
 from sagebwd.fpa import fpa_attention
-from sagebwd.quant import E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks, round_to_e4m3
-from sagebwd.simulate import (SageConfig, backward, compute_dtype, forward, forward_quantized, scores, smooth,
-                              token_x_dq)
+from sagebwd.quant import (E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks,
+                           quantize_row_blocks_e4m3, round_to_e4m3)
+from sagebwd.simulate import (SageConfig, _token_products, backward, compute_dtype, forward, forward_quantized,
+                              scores, smooth, token_x_dq)
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS, key_tile
 
@@ -98,7 +110,11 @@ VARIANTS = {
     "p128": "fwd P~V: P~ per (q token, 128-key tile), V per (128 x D) block",
     "vc": "fwd P~V: P~ per (q token, kv tile), V INT8 per channel over the sequence",
     "p128vc": "fwd P~V: P~ per (q token, 128-key tile), V INT8 per channel over the sequence",
+    "dpi8": "bwd dP = dO V^T in INT8: dO per q token, V per kv token",
+    "dpf8": "bwd dP = dO V^T in FP8 e4m3: dO per q token, V per kv token (amax / 448)",
+    "dpi8b": "bwd dP = dO V^T in INT8: dO per (block_q x D) block, V per kv token",
 }
+DP_VARIANTS = ("dpi8", "dpf8", "dpi8b")
 WIDE_TILE = 128   # keys one INT8 product P^ V^ spans in p128 / p128vc
 # (P~ tile, None for block_kv; V per channel over the sequence instead of per tile block)
 WIDE_VARIANTS = {"p128": (WIDE_TILE, False), "vc": (None, True), "p128vc": (WIDE_TILE, True)}
@@ -253,6 +269,44 @@ def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> tuple[torch.Tensor, to
     return dq.to(saved.v.dtype), dequantize_groups(x_hat, s_x, bk, -1)
 
 
+def quantized_dp(do: torch.Tensor, v: torch.Tensor, cfg: SageConfig, variant: str) -> torch.Tensor:
+    """dP = dO V^T of a dP variant (DP_VARIANTS), in the simulation's compute dtype. dO^ and V^ with their
+    scales along dP's free axes (per q token or q block, per kv token), so the product of the quantised
+    values is summed unscaled (INT8: integers, exact; FP8: e4m3 values, in fp64) and scaled after."""
+    ct = compute_dtype(v.dtype)
+    do_c, v_c = do.to(ct), v.to(ct)
+    if variant == "dpf8":   # per token: a row block of one row
+        do_hat, s_do = quantize_row_blocks_e4m3(do_c, 1, cfg.quantize)
+        v_hat, s_v = quantize_row_blocks_e4m3(v_c, 1, cfg.quantize)
+    elif variant in ("dpi8", "dpi8b"):
+        do_hat, s_do = quantize_row_blocks(do_c, cfg.block_q if variant == "dpi8b" else 1, cfg.quantize)
+        v_hat, s_v = quantize_row_blocks(v_c, 1, cfg.quantize)
+        if variant == "dpi8b":
+            s_do = s_do.repeat_interleave(cfg.block_q, dim=-1)
+    else:
+        raise ValueError(f"{variant!r} is not a dP variant ({DP_VARIANTS})")
+    dp = (do_hat.double() @ v_hat.double().transpose(-1, -2)) * s_do.double()[..., :, None] * s_v.double()[..., None, :]
+    return dp.to(ct)
+
+
+def backward_with_dp(saved, do: torch.Tensor, delta: torch.Tensor, dp: torch.Tensor, cfg: SageConfig):
+    """(dQ, dK, dV, dS as dQ consumes it) of the token contract's backward (simulate.backward, op for op)
+    with ``dp`` in place of its dO V^T: dS = P (dP - delta) and the contract's products
+    (simulate._token_products). With the simulation's own dP this is variant a, bit for bit (tests)."""
+    b, h, n, d = saved.v.shape
+    ct = compute_dtype(saved.v.dtype)
+    sm_scale = 1.0 / math.sqrt(d)
+    p = _backward_p(saved, cfg)
+    ds = p * (dp - delta.unsqueeze(-1))
+    do_hat, s_do = quantize_row_blocks_e4m3(do.to(ct), cfg.block_q, cfg.quantize)
+    dv, dq, dk, _, ds_seen = _token_products(p, ds, do_hat, s_do, saved, cfg, sm_scale)
+    if saved.mu_q is not None:   # the Q-smoothing bias branch, from the unquantised dS
+        col_sums = ds.reshape(b, h, n // cfg.block_q, cfg.block_q, n).sum(dim=3)
+        dk = dk + sm_scale * torch.einsum("bhin,bhid->bhnd", col_sums, saved.mu_q)
+    dtype = saved.v.dtype
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype), ds_seen()
+
+
 def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, torch.Tensor]]:
     """O, dQ, dK, dV and dS (as dQ consumes it) of each variant for one input."""
     assert cfg.quant == "token", "the variants modify the token contract"
@@ -290,6 +344,9 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
         elif name == "x64":
             dq_x, ds_x = _kv_tile_x_dq(saved, inter, cfg)
             out[name] = {**base, "dq": dq_x, "ds": ds_x}
+        elif name in DP_VARIANTS:   # O, delta and dV as the contract's; dP enters dS only
+            dq_p, dk_p, dv_p, ds_p = backward_with_dp(saved, do, inter.delta, quantized_dp(do, v, cfg, name), cfg)
+            out[name] = {**base, "dq": dq_p, "dk": dk_p, "dv": dv_p, "ds": ds_p}
         elif name in ("e", "f", "fK"):
             ct = compute_dtype(q.dtype)
             q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)

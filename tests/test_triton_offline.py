@@ -6,6 +6,7 @@ where their cost is measured)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -332,6 +333,54 @@ def test_dq_add_bench_builds_its_atomics_and_tma_reductions(mode, kv_rows):
         assert "red.global" in ptx or "atom.global" in ptx
     else:
         assert "cp.reduce.async.bulk.tensor" in ptx
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mode", ["unordered", "ordered", "ordered_g4", "fixed"])
+def test_dq_reduce_probe_builds_its_reductions(mode, causal):
+    """tools.dq_reduce_probe's dK/dV (GPU only) compiles for sm_90 and does what its table says: TMA reduce-adds
+    issued by a reducer warp; ordered, each add waited on until written (cp.async.bulk.wait_group without .read)
+    between an acquire of the program's turn and a release of the next; fixed, the partials rounded to int32
+    (cvt.rni) and added as they come; shared memory an H100 takes."""
+    import torch
+    from sagebwd.triton import hopper
+    b, h, n, d = 1, 2, 512, 64
+    groups = 4 if mode == "ordered_g4" else 1
+    i8 = lambda *s: torch.zeros(*s, dtype=torch.int8)   # noqa: E731
+    f32 = lambda *s: torch.zeros(*s)                    # noqa: E731
+    q8, k8, q8t, out = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
+    do8t, s_q = torch.zeros(b, h, d, n, dtype=torch.float8_e4m3fn), f32(b * h, n)
+    counters = None if mode in ("unordered", "fixed") else torch.zeros(groups * b * h, n // 128, 2, dtype=torch.int32)
+    dq_reduce = (torch.zeros(b * h * n, d, dtype=torch.int32), None, 2.0 ** 20) if mode == "fixed" else \
+        (f32(groups * b * h * n, d), counters)
+    [(_, kernel, _, args, kwargs)] = hopper.dkdv_launches(
+        q8, q8t, s_q, k8, s_q, out, out, do8t, f32(b * h, n // 128), s_q, s_q, s_q, out, out, causal=causal,
+        block_q=128, ws=True, token=True, dq_reduce=dq_reduce, dq_groups=groups)
+    compiled = offline.compile_recorded(kernel, args, kwargs)
+    ptx = compiled.asm["ptx"]
+    assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add" in ptx
+    written = re.search(r"cp\.async\.bulk\.wait_group\s+0", ptx) is not None
+    assert ("cvt.rni.s32.f32" in ptx) == (mode == "fixed")
+    if mode in ("unordered", "fixed"):
+        assert "cp.async.bulk.wait_group.read" in ptx and not written and "acquire" not in ptx
+    else:
+        assert written and "ld.global.gpu.acquire" in ptx and "atom.global.gpu.release.add" in ptx
+    assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
+
+
+def test_dq_reduce_probe_refuses_what_it_does_not_time(monkeypatch, capsys):
+    """The probe sits in the d=64 dK/dV pass: a d=128 shape is refused with why; without CUDA it says it needs one."""
+    import torch
+    from tools import dq_reduce_probe
+    with pytest.raises(SystemExit):
+        dq_reduce_probe.main(["--shapes", "8,8,4096,128"])
+    assert "D 64" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        dq_reduce_probe.main(["--groups", "3"])
+    assert "--groups" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert dq_reduce_probe.main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -67,21 +67,28 @@ def measure(b: int, h: int, n: int, d: int, causal: bool = True, kv_rows: int = 
     return row
 
 
-def token_dkdv(b: int, h: int, n: int, d: int, causal: bool = True, device: str = "cuda"):
-    """(a function that launches the token contract's default dK/dV (the registry's for `device`) on random inputs
-    of (b, h, n, d), all its operands prepared once (forward, quantisation, preprocess); the dK and dV it writes)."""
-    from sagebwd.triton import backward as kb, ops, quantize as kq, registry
-    from sagebwd.triton.launch import arch_for
+def token_backward_call(b: int, h: int, n: int, d: int, causal: bool = True, device: str = "cuda"):
+    """The token contract's backward operands (a backward.BackwardCall) for random inputs of (b, h, n, d), all
+    prepared once: forward, quantisation, preprocess."""
+    from sagebwd.triton import backward as kb, ops, quantize as kq
     gen = torch.Generator(device=device).manual_seed(0)
     q, k, v, do = (torch.randn(b, h, n, d, device=device, generator=gen, dtype=torch.bfloat16) for _ in range(4))
     o, lse, q8, q8t, s_q, k8, k8t, s_k, _, k_mean = ops._forward_impl(q, k, v, causal, True, False, 128, 64, True, True,
                                                                       "default", None)
     delta, lse2, do8t, s_do, delta_sq, lse2_p = kq.backward_preprocess(do, o, lse, 128, s_q)
     grads = [torch.empty_like(q) for _ in range(3)]
-    call = kb.BackwardCall(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *grads, s_q, causal, True, None,
+    return kb.BackwardCall(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *grads, s_q, causal, True, None,
                            k, k_mean, 128, 64, True, delta_sq, lse2_p)
-    kernel = registry.resolve(arch_for(q.device, None), d, "dkdv", "token", causal=causal, block_q=128, block_kv=64,
-                              smooth_q=False, seq=n)
+
+
+def token_dkdv(b: int, h: int, n: int, d: int, causal: bool = True, device: str = "cuda"):
+    """(a function that launches the token contract's default dK/dV (the registry's for `device`) on
+    token_backward_call's operands; the dK and dV it writes)."""
+    from sagebwd.triton import registry
+    from sagebwd.triton.launch import arch_for
+    call = token_backward_call(b, h, n, d, causal, device)
+    kernel = registry.resolve(arch_for(call.q8.device, None), d, "dkdv", "token", causal=causal, block_q=128,
+                              block_kv=64, smooth_q=False, seq=n)
     run = registry.load(kernel)
     return (lambda: run(call, None)), (call.dk, call.dv)
 

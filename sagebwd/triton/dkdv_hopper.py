@@ -47,7 +47,8 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 from .. import quant
 
@@ -77,6 +78,12 @@ DK_DIAG_IN_LOOP = True
 # The dK pass at d=128 refills each slice's buffers as soon as that slice is done (per-slice copies),
 # the other passes load a whole q block per copy.
 DK_BLOCKED = False
+# The dQ probe's reductions (_kv_tile's DQ_REDUCE, dkdv_ws_hopper's reducer; tools.dq_reduce_probe): none, fp32 as
+# they come, fp32 in a fixed order of programs, or int32 fixed point as they come.
+NO_DQ = gl.constexpr(0)
+UNORDERED_DQ = gl.constexpr(1)
+ORDERED_DQ = gl.constexpr(2)
+FIXED_DQ = gl.constexpr(3)
 # A program holds the scales of this many q blocks at a time in shared memory (_stage_scales).
 SCALE_CHUNK = gl.constexpr(32)
 
@@ -651,19 +658,41 @@ def _q_step(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, 
 
 
 @gluon.jit
+def _dq_reduce_probe(r, acc, stage, dq_full, dq_empty, half, dq_scale, FIXED: gl.constexpr):
+    """A fused backward's dQ partial without its products (tools.dq_reduce_probe): the warpgroup's fp32
+    [SLICE, D] accumulator `acc` goes to stage r % 2 (two, so that the reducer warp of dkdv_ws_hopper may lag one
+    q block) and is handed to that warp (barriers 2 half + r % 2), which adds it into dQ by TMA. FIXED: as int32
+    round(acc dq_scale), fixed point, whose adds give the same bits in any order."""
+    slot = r % 2
+    if r >= 2:   # the reducer has read what this stage held two blocks ago
+        mbarrier.wait(dq_empty.index(2 * half + slot), ((r // 2) - 1) & 1)
+    if FIXED:
+        stage.index(slot).store(gl.inline_asm_elementwise("cvt.rni.s32.f32 $0, $1;", "=r,r", [acc * dq_scale],
+                                                          dtype=gl.int32, is_pure=True, pack=1))
+    else:
+        stage.index(slot).store(acc)
+    fence_async_shared()
+    _cta_barrier()
+    mbarrier.arrive(dq_full.index(2 * half + slot))
+
+
+@gluon.jit
 def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc_smem, kv_bar, full, empty,
              q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK_tile, SQ_bh, SDO_bh, TS_kv, DK_bh, DV_bh,
              stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, diag_in_a,
              HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
              PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr, WS: gl.constexpr, sq_smem,
-             sq_desc, TOKEN: gl.constexpr):
+             sq_desc, TOKEN: gl.constexpr, dq_stage, dq_full, dq_empty, dq_scale, DQ_REDUCE: gl.constexpr):
     """dK and/or dV of the SLICE kv rows from start_n on one warpgroup, from its K^ (and V) landing
     on kv_bar to the stores: the main loop over the q blocks `first` .. NQ - 1 in ring `full`,
     which the caller has started to fill (_dkdv_kernel) or a producer warp fills (WS,
     dkdv_ws_hopper). Causal with the diagonal block peeled: `diag_in_a` says whether these rows are
     its slice a (a runtime value here, a constexpr in dkdv_ws_hopper).
     TOKEN (the token contract): SK_tile points to the tile's per-row s_K, the ring carries s_Q per
-    q row (sq_smem), SDO_bh gives s_dO per q block; no staged records (sc_smem, TS_kv unused)."""
+    q row (sq_smem), SDO_bh gives s_dO per q block; no staged records (sc_smem, TS_kv unused).
+    DQ_REDUCE (a measurement, tools.dq_reduce_probe): after each q block the tile's dK accumulator goes to
+    dq_stage for dkdv_ws_hopper's reducer warp (_dq_reduce_probe), the traffic a fused backward's dQ partials
+    would make; dK and dV are unchanged."""
     # _stage_scales: [SCALE_CHUNK, 8] records, 2 per thread; _staged_scales: a whole record per thread
     stage_layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0])
     rec_layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])
@@ -698,12 +727,18 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
                               q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
                               acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, True, True, False,
                               rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN)
+            if DQ_REDUCE:
+                _dq_reduce_probe(0, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
+                                 DQ_REDUCE == FIXED_DQ)
         else:
             dv, dk = _q_step(0, first, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                               delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
                               q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
                               acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, False, False,
                               True, rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN)
+            if DQ_REDUCE:
+                _dq_reduce_probe(0, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
+                                 DQ_REDUCE == FIXED_DQ)
         loop_start = 1
     for r in range(loop_start, n_blocks):
         if not TOKEN:
@@ -716,6 +751,9 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
                           q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
                           acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, True, False, False,
                           rec_layout, MASK_IN_LOOP, r == 0, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN)
+        if DQ_REDUCE:
+            _dq_reduce_probe(r, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
+                             DQ_REDUCE == FIXED_DQ)
 
     offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
@@ -839,6 +877,6 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
              q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK_tile, SQ_bh, SDO_bh, TS_kv, DK + out_bh,
              DV + out_bh, stride_gn, start_n, first, n_blocks, N // Q_BLOCK, q_row0, t_row0, vb, vh, sm_scale,
              start_n % Q_BLOCK == 0, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, False, sq_smem,
-             sq_desc, TOKEN)
+             sq_desc, TOKEN, sq_smem, bars, bars, sm_scale, NO_DQ)
     for i in gl.static_range(2 * STAGES + 1):
         mbarrier.invalidate(bars.index(i))

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .dkdv_hopper import DV_ONLY, SCALE_CHUNK, _allocate, _allocate_token, _kv_tile, _load_block, _load_kv, _load_slice
+from .dkdv_hopper import (DV_ONLY, ORDERED_DQ, SCALE_CHUNK, _allocate, _allocate_token, _kv_tile, _load_block, _load_kv,
+                          _load_slice)
+from .gluon_ext import tma_reduce_add
 
 # Ring depth per pass: q blocks (the dK pass: slice pairs), as many as shared memory holds beside
 # both tiles' K^ and V.
@@ -78,7 +80,8 @@ def ring_barriers(STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _producer(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem,
+def _producer(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                     k_smem, v_smem, q_smem,
               do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar, full, empty, q_row0, t_row0, vb, vh, start_n,
               first, n_blocks, STAGES: gl.constexpr, SLICE: gl.constexpr, PASS: gl.constexpr,
               BLOCKED: gl.constexpr, sq_desc, sq_smem, TOKEN: gl.constexpr):
@@ -107,24 +110,77 @@ def _consumer(TILE: gl.constexpr, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_
               SQ_bh, SDO_bh, TS_kv, DK_bh, DV_bh, stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh,
               sm_scale, HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
               PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr, sq_smem, sq_desc,
-              TOKEN: gl.constexpr):
+              TOKEN: gl.constexpr, dq_stage, dq_full, dq_empty, dq_scale, DQ_REDUCE: gl.constexpr):
     """dK and/or dV of kv tile TILE of the program (SLICE rows from start_n) on one warpgroup:
     dkdv_hopper's per-tile loop, its ring filled by the producer. Tile 0 holds slice a of the
     causal diagonal block, tile 1 its slice b."""
     _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc_smem, kv_bar, full, empty,
              q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK_tile, SQ_bh, SDO_bh, TS_kv, DK_bh, DV_bh,
              stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, TILE == 0, HEAD_DIM, SLICE,
-             CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, True, sq_smem, sq_desc, TOKEN)
+             CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, True, sq_smem, sq_desc, TOKEN, dq_stage, dq_full, dq_empty,
+             dq_scale, DQ_REDUCE)
+
+
+@gluon.jit
+def _bulk_writes_done(x):
+    """Wait until this thread's TMA reductions have written global memory (not only read shared memory, as
+    tma.store_wait does), and order them before the thread's later release; returns x."""
+    return gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\nfence.proxy.async.global;\nmov.b32 $0, $1;",
+                                     "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _reducer(dq_desc, stage_0, stage_1, dq_full, dq_empty, SEM, bh, pid, first, n_blocks, NQ, q_row0, BH_ROWS,
+             SLICE: gl.constexpr, CAUSAL: gl.constexpr, DQ_REDUCE: gl.constexpr, GROUPS: gl.constexpr):
+    """The dQ probe's reducer warp (tools.dq_reduce_probe): each consumer's staged partial of each q block is
+    added into dQ by TMA. DQ_REDUCE == ORDERED_DQ: deterministically, in a fixed order of programs per (q block,
+    half) kept by a counter in SEM (causal: the program holding the block's diagonal first, then downwards, the
+    order in which the ascending walks reach it; full: program 0 first). GROUPS > 1: the programs pid = g mod
+    GROUPS add into copy g of dQ (BH_ROWS rows further each), in that order among themselves: GROUPS chains, each
+    GROUPS times shorter, whose copies a fixed-order sum combines."""
+    g = pid % GROUPS
+    for r in range(n_blocks):
+        slot = r % 2
+        blk = first + r
+        if CAUSAL:   # this group's programs holding block blk: the largest is blk - (blk - g) mod GROUPS
+            rank = (blk - (blk - g) % GROUPS - pid) // GROUPS
+        else:
+            rank = pid // GROUPS
+        row = g * BH_ROWS + q_row0 + blk * 2 * SLICE
+        counter = SEM + ((g * (BH_ROWS // (2 * SLICE)) + bh * NQ + blk) * 2)
+        for h in gl.static_range(2):
+            mbarrier.wait(dq_full.index(2 * h + slot), (r // 2) & 1)
+            if DQ_REDUCE == ORDERED_DQ:
+                seen = gl.atomic_add(counter + h, 0, sem="acquire")
+                while seen != rank:
+                    seen = gl.atomic_add(counter + h, 0, sem="acquire")
+            if h == 0:
+                tma_reduce_add(dq_desc, [row, 0], stage_0.index(slot))
+            else:
+                tma_reduce_add(dq_desc, [row + SLICE, 0], stage_1.index(slot))
+        if DQ_REDUCE == ORDERED_DQ:
+            rank = _bulk_writes_done(rank)
+            for h in gl.static_range(2):
+                gl.atomic_add(counter + h, 1, sem="release")
+        else:
+            tma.store_wait(0)
+        for h in gl.static_range(2):
+            mbarrier.arrive(dq_empty.index(2 * h + slot))
 
 
 @gluon.jit
 def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                     SQ, SK, SDO, TILE_SCALES, DK, DV, stride_gb, stride_gh, stride_gn, sm_scale, N, H, sq_desc,
-                    HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                    dq_desc, SEM, dq_scale, HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr,
+                    STAGES: gl.constexpr,
                     PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, TOKEN: gl.constexpr):
+                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, TOKEN: gl.constexpr,
+                    DQ_REDUCE: gl.constexpr, DQ_GROUPS: gl.constexpr):
     """TOKEN: the token contract (SQ, SK per token, sq_desc the TMA view of SQ; TILE_SCALES unused), else the
-    block contract (sq_desc unused)."""
+    block contract (sq_desc unused). DQ_REDUCE (dkdv_hopper's *_DQ; a measurement, tools.dq_reduce_probe): after every
+    q block each consumer stages its dK accumulator (dkdv_hopper._dq_reduce_probe) and a reducer warp adds it into
+    dq_desc's fp32 rows (_reducer; ORDERED_DQ with SEM's zeroed counters, in DQ_GROUPS copies of dQ; FIXED_DQ: int32
+    round(partial dq_scale) into int32 rows); else dq_desc, SEM and dq_scale are unused."""
     pid, bh, start_n, q_row0, vb, vh, t_row0, NQ, first, n_blocks = kv_program(N, H, HEAD_DIM, SLICE, CAUSAL)
 
     # both tiles' K^ and V, and the ring: whole q blocks (BLOCKED: STAGES entries) or slices (2 * STAGES)
@@ -140,6 +196,14 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
         sc0 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
         sc1 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
     kv_bar, full, empty = ring_barriers(STAGES)
+    if DQ_REDUCE:   # two stages per consumer
+        dq_0 = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
+        dq_1 = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
+        dq_full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        dq_empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(4):
+            mbarrier.init(dq_full.index(i), count=1)
+            mbarrier.init(dq_empty.index(i), count=1)
 
     if PASS != DV_ONLY:
         v_0 = v_rows.slice(0, SLICE)
@@ -161,18 +225,48 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
         TS_1 = TS_0 + NQ * 4
         SK_0 = SK + bh * NKV + 2 * pid
         SK_1 = SK_0 + 1
-    gl.warp_specialize([
-        (_consumer, (0, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                     k_smem.slice(0, SLICE), v_0, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc0,
-                     kv_bar.index(0), full, empty, SK_0, SQ_bh, SDO_bh, TS_0, DK + out_bh, DV + out_bh, stride_gn,
-                     start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, HEAD_DIM, SLICE, CAUSAL, STAGES,
-                     PASS, BLOCKED, DIAG_IN_LOOP, sq_smem, sq_desc, TOKEN)),
-        (_consumer, (1, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
-                     k_smem.slice(SLICE, SLICE), v_1, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc1,
-                     kv_bar.index(0), full, empty, SK_1, SQ_bh, SDO_bh, TS_1, DK + out_bh, DV + out_bh,
-                     stride_gn, start_n + SLICE, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, HEAD_DIM,
-                     SLICE, CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, sq_smem, sq_desc, TOKEN)),
-        (_producer, (k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, k_smem, v_smem,
-                     q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar.index(0), full, empty, q_row0,
-                     t_row0, vb, vh, start_n, first, n_blocks, STAGES, SLICE, PASS, BLOCKED, sq_desc, sq_smem, TOKEN)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # The partitions' arguments are written out in each branch: Gluon does not pass constexprs through tuples.
+    if DQ_REDUCE:
+        gl.warp_specialize([
+            (_consumer, (0, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                     k_smem.slice(0, SLICE), v_0,
+                     q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc0, kv_bar.index(0), full, empty, SK_0,
+                     SQ_bh, SDO_bh, TS_0, DK + out_bh, DV + out_bh, stride_gn, start_n, first, n_blocks, NQ, q_row0,
+                     t_row0, vb, vh, sm_scale, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, sq_smem,
+                     sq_desc, TOKEN,
+                     dq_0, dq_full, dq_empty, dq_scale, DQ_REDUCE)),
+            (_consumer, (1, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                     k_smem.slice(SLICE, SLICE),
+                     v_1, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc1, kv_bar.index(0), full, empty,
+                     SK_1, SQ_bh, SDO_bh, TS_1, DK + out_bh, DV + out_bh, stride_gn, start_n + SLICE, first, n_blocks,
+                     NQ, q_row0, t_row0, vb, vh, sm_scale, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED,
+                     DIAG_IN_LOOP, sq_smem, sq_desc, TOKEN,
+                     dq_1, dq_full, dq_empty, dq_scale, DQ_REDUCE)),
+            (_producer, (k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                     k_smem, v_smem, q_smem,
+                     do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar.index(0), full, empty, q_row0, t_row0, vb,
+                     vh, start_n, first, n_blocks, STAGES, SLICE, PASS, BLOCKED, sq_desc, sq_smem, TOKEN)),
+            (_reducer, (dq_desc, dq_0, dq_1, dq_full, dq_empty, SEM, bh, pid, first, n_blocks, NQ, q_row0,
+                        N * (gl.num_programs(1)), SLICE, CAUSAL, DQ_REDUCE, DQ_GROUPS)),
+        ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
+    else:   # the default: no dQ partitions (lse_smem, full, empty, sm_scale stand in, unused)
+        gl.warp_specialize([
+            (_consumer, (0, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                     k_smem.slice(0, SLICE), v_0,
+                     q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc0, kv_bar.index(0), full, empty, SK_0,
+                     SQ_bh, SDO_bh, TS_0, DK + out_bh, DV + out_bh, stride_gn, start_n, first, n_blocks, NQ, q_row0,
+                     t_row0, vb, vh, sm_scale, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, sq_smem,
+                     sq_desc, TOKEN,
+                     lse_smem, full, empty, sm_scale, DQ_REDUCE)),
+            (_consumer, (1, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                     k_smem.slice(SLICE, SLICE),
+                     v_1, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc1, kv_bar.index(0), full, empty,
+                     SK_1, SQ_bh, SDO_bh, TS_1, DK + out_bh, DV + out_bh, stride_gn, start_n + SLICE, first, n_blocks,
+                     NQ, q_row0, t_row0, vb, vh, sm_scale, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED,
+                     DIAG_IN_LOOP, sq_smem, sq_desc, TOKEN,
+                     lse_smem, full, empty, sm_scale, DQ_REDUCE)),
+            (_producer, (k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
+                     k_smem, v_smem, q_smem,
+                     do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar.index(0), full, empty, q_row0, t_row0, vb,
+                     vh, start_n, first, n_blocks, STAGES, SLICE, PASS, BLOCKED, sq_desc, sq_smem, TOKEN)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -23,7 +23,7 @@ def _shared_layout(block: tuple, dtype: torch.dtype):
     """The swizzled shared-memory layout of a `block` box (get_default_for costs ~10 us a call:
     half of a descriptor's host time, and a backward builds ~20 descriptors)."""
     gl_dtype = {torch.int8: gl.int8, torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
-                torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+                torch.float16: gl.float16, torch.float32: gl.float32, torch.int32: gl.int32}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
 
 
@@ -74,12 +74,18 @@ def dkdv_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales
 
 
 def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
-                  block_q: int, ws: bool, token: bool = False) -> list:
+                  block_q: int, ws: bool, token: bool = False, dq_reduce: tuple | None = None,
+                  dq_groups: int = 1) -> list:
     """[(name, kernel, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at
     d=128; as dkdv_ws_hopper's kernel if `ws` (seq a multiple of 128), else dkdv_hopper's. v and do may
     have any strides and alignment. token: the token contract (s_q, s_k per token; s_q comes by TMA
     with each q block, as LSE does; delta is delta s_Q, BackwardCall.delta_sq, and lse2 is lse2 - log2(256),
-    BackwardCall.lse2_p; tile_scales unused)."""
+    BackwardCall.lse2_p; tile_scales unused). dq_reduce (ws, d=64; a measurement, tools.dq_reduce_probe): (an fp32
+    (B*H*N, D) buffer, zeroed int32 counters (B*H, N/128, 2) or None) into which every q block's dK accumulator is
+    added by TMA as a fused backward's dQ partials would be, in a fixed order if the counters are given (dK and dV
+    unchanged); or (an int32 buffer, None, scale): added as int32 round(partial scale); dq_groups > 1: in that
+    many ordered chains, into as many copies of dQ (the buffer's rows and the counters' first dimension dq_groups
+    times as many)."""
     b, h, n, d = q8.shape
     tile_rows = dkdv_hopper.ROWS
 
@@ -96,10 +102,23 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
         q_rows = 2 * dkdv_hopper.SLICE if blocked else dkdv_hopper.SLICE
         common = {**kwargs, "PASS": pass_.value, "BLOCKED": blocked, "DIAG_IN_LOOP": diag_in_loop}
         if ws:
-            out.append((name, dkdv_ws_hopper._dkdv_ws_kernel, (n // (2 * tile_rows), b * h),
-                        args(2 * tile_rows, q_rows),
+            ws_args = args(2 * tile_rows, q_rows)
+            if dq_reduce is None:
+                reduce_args, mode = (ws_args[-1], s_q, 1.0), dkdv_hopper.NO_DQ   # placeholders, unused
+            else:
+                buffer, counters, *scale = dq_reduce
+                if buffer.dtype == torch.int32 and counters is not None:
+                    raise ValueError("fixed-point dQ adds (an int32 buffer) need no order: pass no counters")
+                reduce_args = (desc(buffer, [dkdv_hopper.SLICE, d]), s_q if counters is None else counters,
+                               *(scale or [1.0]))
+                mode = (dkdv_hopper.FIXED_DQ if buffer.dtype == torch.int32 else
+                        dkdv_hopper.UNORDERED_DQ if counters is None else dkdv_hopper.ORDERED_DQ)
+            out.append((name, dkdv_ws_hopper._dkdv_ws_kernel, (n // (2 * tile_rows), b * h), (*ws_args, *reduce_args),
                         {**common, "STAGES": dkdv_ws_hopper.STAGES[name], "CONSUMER_REGS": dkdv_ws_hopper.CONSUMER_REGS,
-                         "PRODUCER_REGS": dkdv_ws_hopper.PRODUCER_REGS}))
+                         "PRODUCER_REGS": dkdv_ws_hopper.PRODUCER_REGS, "DQ_REDUCE": mode.value,
+                         "DQ_GROUPS": dq_groups}))
+        elif dq_reduce is not None:
+            raise ValueError("dq_reduce needs the warp-specialised dK/dV (ws)")
         else:
             out.append((name, dkdv_hopper._dkdv_kernel, (n // tile_rows, b * h), args(tile_rows, q_rows),
                         {**common, "Q_BLOCK": block_q, "KV_BLOCK": tile_rows, "STAGES": stages}))

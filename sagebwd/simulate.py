@@ -217,17 +217,23 @@ def token_x_dq(ds, saved: Saved, keys: int, cfg: SageConfig, sm_scale: float):
     """The token contract's dQ = dS K: X = dS s_K (K's token scale moved into dS, since it runs along the sum)
     quantised per (q token, tile of `keys` keys), times K^. Returns dQ and, as a callable, dS as dQ sees it.
     The contract's tile is validate.key_tile's; tools.quant_study's x64 passes block_kv."""
+    partials, ds_seen = token_x_partials(ds, saved, keys, cfg, sm_scale)
+    return partials.sum(dim=-2), ds_seen
+
+
+def token_x_partials(ds, saved: Saved, keys: int, cfg: SageConfig, sm_scale: float):
+    """token_x_dq's terms before their sum over key tiles: (B, H, N, N / keys, D), and dS as dQ sees it."""
     b, h, n, d = saved.v.shape
     tx = n // keys
     s_k = saved.s_k.unsqueeze(-2)   # per kv column
     x_hat, s_x = quantize_groups(ds * s_k, keys, -1, cfg.quantize)   # s_x (B,H,N,Tx)
     xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tx, keys), saved.k_hat.reshape(b, h, tx, keys, d))
-    dq = (xk * s_x[..., None] * sm_scale).sum(dim=-2)
+    partials = xk * s_x[..., None] * sm_scale
 
     def ds_seen():
         x = dequantize_groups(x_hat, s_x, keys, -1)
         return torch.where(s_k > 0, x / torch.where(s_k > 0, s_k, torch.ones_like(s_k)), torch.zeros_like(x))
-    return dq, ds_seen
+    return partials, ds_seen
 
 
 def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):

@@ -217,3 +217,18 @@ def test_dp_int8_costs_less_than_fp8():
     for c in ("dq", "dk"):
         assert a[c] < i8[c] < 1.3 * a[c], c
         assert i8[c] < 0.5 * f8[c], c
+
+
+def test_dqfix_sums_dq_in_fixed_point_within_its_bound():
+    """dqfix: dQ's tile partials rounded to a per-row power-of-two quantum and summed exactly. Only dQ changes;
+    the sum stays far below int32's range (2^30 quanta for the row's bound) and within fp32-like rounding of the
+    partials' exact sum."""
+    cfg = SageConfig(causal=True, block_q=32, block_kv=16, quant="token")
+    q, k, v, do = gaussian_inputs(3.0, 1, 2, 256, 64, 0)
+    out = run_variants(q, k, v, do, cfg, ["a", "dqfix"])
+    for c in ("o", "dk", "dv", "ds"):
+        assert torch.equal(out["dqfix"][c], out["a"][c]), c
+    stats = out["dqfix"]["stats"]
+    assert stats["peak"] < 0.5 and stats["rel_l2_vs_exact_sum"] < 1e-5 and stats["bits_median"] > 12, stats
+    rel = (out["dqfix"]["dq"] - out["a"]["dq"]).norm() / out["a"]["dq"].norm()
+    assert 0 < rel < 1e-5, rel

@@ -71,6 +71,13 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      FP8 dO for dV and of the "block" contract's INT8 dO), V per kv token.
   Not in the default list (``--variants a dpi8 dpf8 dpi8b``).
 
+  dqfix  dQ's sum over key tiles (one tile per program of a fused backward, which adds its partial into dQ by
+     TMA) in int32 fixed point, deterministic in any order: each partial rounded to the quantum u_i =
+     2^ceil(log2(bound_i / 2^30)) of its q row, bound_i = 2 sm_scale ||dO_i|| max_k ||V_k|| max|K^ s_K| >= the
+     row's sum of |partials| (|dS_ik| <= P_ik (|dP_ik| + |delta_i|), both <= ||dO_i|| ||V_k||, P sums to 1),
+     the rounded terms summed exactly. Everything else is variant a. ``fixed_point_headroom`` reports how loose
+     the bound is (bits of precision left) and that no sum leaves int32. Not in the default list.
+
 Variants e and f keep the backward's token-contract formulas (X = dS s_K, Y = dS s_Q) with the
 group scale of each token. Fake quantisation: FP8 values are rounded to e4m3 (round to nearest even,
 subnormals kept, clamped to +-448) and the products of dequantised values are summed in fp64; the
@@ -89,7 +96,7 @@ from sagebwd.fpa import fpa_attention
 from sagebwd.quant import (E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks,
                            quantize_row_blocks_e4m3, round_to_e4m3)
 from sagebwd.simulate import (SageConfig, _token_products, backward, compute_dtype, forward, forward_quantized,
-                              scores, smooth, token_x_dq)
+                              scores, smooth, token_x_dq, token_x_partials)
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS, key_tile
 
@@ -113,6 +120,7 @@ VARIANTS = {
     "dpi8": "bwd dP = dO V^T in INT8: dO per q token, V per kv token",
     "dpf8": "bwd dP = dO V^T in FP8 e4m3: dO per q token, V per kv token (amax / 448)",
     "dpi8b": "bwd dP = dO V^T in INT8: dO per (block_q x D) block, V per kv token",
+    "dqfix": "bwd dQ's sum over key tiles in int32 fixed point, a power-of-two quantum per q row from a bound",
 }
 DP_VARIANTS = ("dpi8", "dpf8", "dpi8b")
 WIDE_TILE = 128   # keys one INT8 product P^ V^ spans in p128 / p128vc
@@ -307,6 +315,33 @@ def backward_with_dp(saved, do: torch.Tensor, delta: torch.Tensor, dp: torch.Ten
     return dq.to(dtype), dk.to(dtype), dv.to(dtype), ds_seen()
 
 
+FIXED_BITS = 30   # the bound maps to 2**30 quanta: 2x headroom under int32's 2**31
+
+
+def fixed_point_dq(saved, inter, do: torch.Tensor, cfg: SageConfig) -> tuple[torch.Tensor, dict]:
+    """(dQ of variant dqfix, {"bits_min", "bits_median": precision left per q row, 2^FIXED_BITS over the bound's
+    looseness; "peak": the largest row's sum of |rounded partials| over 2^31, which must stay < 1;
+    "rel_l2_vs_exact_sum": the fixed-point sum against the partials' exact sum, before dQ's rounding to its dtype})."""
+    d = saved.v.shape[-1]
+    sm_scale = 1.0 / math.sqrt(d)
+    ds = _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
+    partials, _ = token_x_partials(ds, saved, key_tile(cfg.quant, cfg.block_kv), cfg, sm_scale)   # (B,H,N,T,D)
+    k = saved.k_hat.double() * saved.s_k.double().unsqueeze(-1)
+    head_max = lambda t: t.flatten(2).amax(dim=-1)[..., None]   # noqa: E731  (B,H,1)
+    bound = (2 * sm_scale * do.double().norm(dim=-1) * head_max(saved.v.double().norm(dim=-1))
+             * head_max(k.abs()))   # (B,H,N)
+    u = torch.exp2(torch.ceil(torch.log2(bound / 2 ** FIXED_BITS)))[..., None, None]
+    terms = torch.round(partials.double() / u)
+    dq = (terms.sum(dim=-2) * u[..., 0, :]).to(saved.v.dtype)
+    row_max = (terms.sum(dim=-2).abs().amax(dim=-1) * u[..., 0, 0])
+    live = row_max > 0
+    bits = FIXED_BITS - torch.log2(bound[live] / row_max[live])
+    exact = partials.double().sum(dim=-2)
+    return dq, {"bits_min": bits.min().item(), "bits_median": bits.median().item(),
+                "peak": (terms.abs().sum(dim=-2).amax() / 2 ** 31).item(),
+                "rel_l2_vs_exact_sum": ((terms.sum(dim=-2) * u[..., 0, :] - exact).norm() / exact.norm()).item()}
+
+
 def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, torch.Tensor]]:
     """O, dQ, dK, dV and dS (as dQ consumes it) of each variant for one input."""
     assert cfg.quant == "token", "the variants modify the token contract"
@@ -344,6 +379,9 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
         elif name == "x64":
             dq_x, ds_x = _kv_tile_x_dq(saved, inter, cfg)
             out[name] = {**base, "dq": dq_x, "ds": ds_x}
+        elif name == "dqfix":
+            dq_f, stats = fixed_point_dq(saved, inter, do, cfg)
+            out[name] = {**base, "dq": dq_f, "stats": stats}
         elif name in DP_VARIANTS:   # O, delta and dV as the contract's; dP enters dS only
             dq_p, dk_p, dv_p, ds_p = backward_with_dp(saved, do, inter.delta, quantized_dp(do, v, cfg, name), cfg)
             out[name] = {**base, "dq": dq_p, "dk": dk_p, "dv": dv_p, "ds": ds_p}
@@ -375,9 +413,11 @@ def with_k_outliers(k: torch.Tensor, fraction: float, scale: float, seed: int) -
 
 def study(sigmas, variants, *, seq: int, head_dim: int, causal: bool, seeds: int = 1, batch: int = 1,
           heads: int = 2, block_q: int = 128, block_kv: int = 64,
-          k_outliers: tuple[float, float] | None = None) -> dict[str, dict[float, dict[str, float]]]:
+          k_outliers: tuple[float, float] | None = None,
+          stats: dict | None = None) -> dict[str, dict[float, dict[str, float]]]:
     """rel-L2 against FPA, mean over seeds 0..seeds-1: {variant: {sigma: {column: value}}};
-    k_outliers (fraction, scale): with_k_outliers applied to K first."""
+    k_outliers (fraction, scale): with_k_outliers applied to K first. stats, if given, gets the variants' own
+    figures, the worst over seeds: {variant: {sigma: {name: value}}} (dqfix: fixed_point_dq's)."""
     cfg = SageConfig(causal=causal, block_q=block_q, block_kv=block_kv, quant="token")
     acc = {name: {s: {c: 0.0 for c in COLUMNS} for s in sigmas} for name in variants}
     for sigma in sigmas:
@@ -389,6 +429,10 @@ def study(sigmas, variants, *, seq: int, head_dim: int, causal: bool, seeds: int
             for name, tensors in run_variants(q, k, v, do, cfg, variants).items():
                 for c in COLUMNS:
                     acc[name][sigma][c] += error_stats(tensors[c], getattr(ref, c)).rel_l2 / seeds
+                if stats is not None and "stats" in tensors:
+                    worst = stats.setdefault(name, {}).setdefault(sigma, {})
+                    for key, value in tensors["stats"].items():   # bits: the fewest; the rest: the highest
+                        worst[key] = (min if key.startswith("bits") else max)(worst.get(key, value), value)
     return acc
 
 
@@ -434,9 +478,10 @@ def main(argv=None) -> int:
     if args.k_outliers and not (0 < args.k_outliers[0] <= 1 and args.k_outliers[1] > 0):
         parser.error(f"--k-outliers {args.k_outliers[0]:g} {args.k_outliers[1]:g}: a fraction in (0, 1] and a "
                      "positive scale")
+    stats = {}
     results = study(args.sigmas, args.variants, seq=args.seq, head_dim=args.head_dim, causal=args.causal,
                     seeds=args.seeds, heads=args.heads, block_q=args.block_q, block_kv=args.block_kv,
-                    k_outliers=tuple(args.k_outliers) if args.k_outliers else None)
+                    k_outliers=tuple(args.k_outliers) if args.k_outliers else None, stats=stats)
     print(f"rel-L2 vs FPA (fp32), token contract variants; B=1 H={args.heads} N={args.seq} D={args.head_dim} "
           f"causal={args.causal} blocks={args.block_q}x{args.block_kv} K-smoothing; "
           + (f"K outliers: {args.k_outliers[0]:g} of tokens x{args.k_outliers[1]:g}; " if args.k_outliers else "")
@@ -445,12 +490,16 @@ def main(argv=None) -> int:
     print()
     for name in args.variants:
         print(f"{name}: {VARIANTS[name]}")
+    for name, rows in stats.items():
+        for sigma, row in rows.items():
+            print(f"{name} sigma {sigma:g}: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"seq": args.seq, "head_dim": args.head_dim, "causal": args.causal, "seeds": args.seeds,
                        "heads": args.heads, "k_outliers": args.k_outliers,
                        "variants": {n: VARIANTS[n] for n in args.variants},
-                       "rel_l2": {n: {str(s): r for s, r in rows.items()} for n, rows in results.items()}}, f, indent=2)
+                       "rel_l2": {n: {str(s): r for s, r in rows.items()} for n, rows in results.items()},
+                       "stats": {n: {str(s): r for s, r in rows.items()} for n, rows in stats.items()}}, f, indent=2)
         print(f"wrote {args.json}")
     return 0
 

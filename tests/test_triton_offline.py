@@ -336,12 +336,13 @@ def test_dq_add_bench_builds_its_atomics_and_tma_reductions(mode, kv_rows):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", ["unordered", "ordered", "ordered_g4", "fixed"])
+@pytest.mark.parametrize("mode", ["unordered", "ordered", "ordered_g4", "fixed", "product", "product_x"])
 def test_dq_reduce_probe_builds_its_reductions(mode, causal):
     """tools.dq_reduce_probe's dK/dV (GPU only) compiles for sm_90 and does what its table says: TMA reduce-adds
     issued by a reducer warp; ordered, each add waited on until written (cp.async.bulk.wait_group without .read)
     between an acquire of the program's turn and a release of the next; fixed, the partials rounded to int32
-    (cvt.rni) and added as they come; shared memory an H100 takes."""
+    (cvt.rni) and added as they come; product, an INT8 wgmma more; product_x, X^ stored by bytes; shared memory
+    an H100 takes."""
     import torch
     from sagebwd.triton import hopper
     b, h, n, d = 1, 2, 512, 64
@@ -350,22 +351,45 @@ def test_dq_reduce_probe_builds_its_reductions(mode, causal):
     f32 = lambda *s: torch.zeros(*s)                    # noqa: E731
     q8, k8, q8t, out = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
     do8t, s_q = torch.zeros(b, h, d, n, dtype=torch.float8_e4m3fn), f32(b * h, n)
-    counters = None if mode in ("unordered", "fixed") else torch.zeros(groups * b * h, n // 128, 2, dtype=torch.int32)
-    dq_reduce = (torch.zeros(b * h * n, d, dtype=torch.int32), None, 2.0 ** 20) if mode == "fixed" else \
+    fixed = mode.startswith(("fixed", "product"))
+    counters = None if fixed or mode == "unordered" else torch.zeros(groups * b * h, n // 128, 2, dtype=torch.int32)
+    dq_reduce = (torch.zeros(b * h * n, d, dtype=torch.int32), None, 2.0 ** 20) if fixed else \
         (f32(groups * b * h * n, d), counters)
     [(_, kernel, _, args, kwargs)] = hopper.dkdv_launches(
         q8, q8t, s_q, k8, s_q, out, out, do8t, f32(b * h, n // 128), s_q, s_q, s_q, out, out, causal=causal,
-        block_q=128, ws=True, token=True, dq_reduce=dq_reduce, dq_groups=groups)
+        block_q=128, ws=True, token=True, dq_reduce=dq_reduce, dq_groups=groups,
+        dq_product={"product": 1, "product_x": 2}.get(mode, 0))
     compiled = offline.compile_recorded(kernel, args, kwargs)
     ptx = compiled.asm["ptx"]
+    wgmmas = ptx.count("wgmma.mma_async")
     assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add" in ptx
     written = re.search(r"cp\.async\.bulk\.wait_group\s+0", ptx) is not None
-    assert ("cvt.rni.s32.f32" in ptx) == (mode == "fixed")
-    if mode in ("unordered", "fixed"):
+    assert ("cvt.rni.s32.f32" in ptx) == fixed
+    if mode.startswith("product"):   # one INT8 dQ product more per q block: 128 keys, 4 k-steps of 32
+        [(_, kernel, _, args, kwargs)] = hopper.dkdv_launches(
+            q8, q8t, s_q, k8, s_q, out, out, do8t, f32(b * h, n // 128), s_q, s_q, s_q, out, out, causal=causal,
+            block_q=128, ws=True, token=True, dq_reduce=dq_reduce)
+        assert wgmmas > offline.compile_recorded(kernel, args, kwargs).asm["ptx"].count("wgmma.mma_async")
+    assert ("st.shared.b8" in ptx or "st.shared.u8" in ptx) == (mode == "product_x")   # X^ stored by bytes
+    if mode in ("unordered", "fixed", "product", "product_x"):
         assert "cp.async.bulk.wait_group.read" in ptx and not written and "acquire" not in ptx
     else:
         assert written and "ld.global.gpu.acquire" in ptx and "atom.global.gpu.release.add" in ptx
     assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
+
+
+def test_dq_reduce_probe_counts_each_variants_loop(capsys):
+    """`python -m tools.dq_reduce_probe --sass`: each variant's main loop, counted from its sm_90 build. The dK/dV
+    kernel's own loop is the loop mix's (tools.offline); each addition only adds instructions; making X^ by
+    column maxima in this orientation costs shuffles and maxima beyond the rest."""
+    from tools import dq_reduce_probe
+    assert dq_reduce_probe.main(["--sass"]) == 0
+    assert "| + X^ made |" in capsys.readouterr().out
+    rows = {r["variant"]: r for r in dq_reduce_probe.sass_report()}
+    loops = [rows[v]["loop"] for v in ("dK/dV", "+ fp32 adds", "+ int32 adds", "+ dQ product", "+ X^ made")]
+    assert loops == sorted(loops) and 12 < rows["dK/dV"]["per_element"] < 17, rows
+    assert rows["+ X^ made"]["SHFL"] > rows["+ dQ product"]["SHFL"] + 32, rows
+    assert rows["+ int32 adds"]["F2I"] > rows["+ fp32 adds"]["F2I"], rows   # cvt.rni
 
 
 def test_dq_reduce_probe_refuses_what_it_does_not_time(monkeypatch, capsys):

@@ -84,6 +84,8 @@ NO_DQ = gl.constexpr(0)
 UNORDERED_DQ = gl.constexpr(1)
 ORDERED_DQ = gl.constexpr(2)
 FIXED_DQ = gl.constexpr(3)
+PRODUCT_DQ = gl.constexpr(4)   # FIXED_DQ after a real dQ product (its operands' values unwritten)
+PRODUCT_X_DQ = gl.constexpr(5)   # PRODUCT_DQ with X^ made and stored by each block (_x_probe)
 # A program holds the scales of this many q blocks at a time in shared memory (_stage_scales).
 SCALE_CHUNK = gl.constexpr(32)
 
@@ -493,12 +495,25 @@ def _token_y(p, dpt, sq, delta_sq, s_layout: gl.constexpr):
 
 
 @gluon.jit
+def _x_probe(y, kq, dst):
+    """A fused backward's X^ of one q slice, for its cost (tools.dq_reduce_probe): X^T = Y^T s_K / s_Q with one
+    multiply per element (kq stands in for s_K; 1/s_Q, per column, folds into the scale), its maximum per q
+    column over this warpgroup's kv rows (a fused kernel also exchanges it with the other warpgroup), INT8 by
+    it, stored transposed (q rows, keys contiguous: the dQ product's A operand) into the first SLICE keys of dst."""
+    x = y * kq[:, None]
+    cmax = gl.max(gl.abs(x), axis=0)
+    inv = gl.where(cmax > 0, 127.0 / gl.maximum(cmax, 1e-30), 0.0)
+    dst.slice(0, x.shape[0], dim=1).permute((1, 0)).store(_int8_bits(x, inv[None, :]).to(gl.int8))
+
+
+@gluon.jit
 def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sq_smem,
                    bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, sq_desc, n_blocks, q_row0, t_row0,
                    vb, vh, offs_kv, kq, SDO_bh, s_layout: gl.constexpr, dp_layout: gl.constexpr,
                    acc_layout: gl.constexpr, op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr,
                    HEAD_DIM: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr,
-                   MASK_A: gl.constexpr, MASK_B: gl.constexpr, MASK_DIAG: gl.constexpr, diag, empty, WS: gl.constexpr):
+                   MASK_A: gl.constexpr, MASK_B: gl.constexpr, MASK_DIAG: gl.constexpr, diag, empty, WS: gl.constexpr,
+                   dq_x, DQ_X: gl.constexpr):
     """_q_block in the token contract (backward.py's TOKEN branches, in its order): dV, dK after q block
     `blk` (ring slot r); kq = s_K qk_const per kv row; the same flags as _q_block.
 
@@ -516,7 +531,8 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
     Y^T of slice b; its row scale; dK of both. Slice a (HAS_A False: wholly above the causal
     diagonal) is then skipped: its P^T is 0, which adds nothing to dV and changes neither Y^T's
     maximum nor its sum.
-    The ring entry (both slices) is released at the block's end."""
+    The ring entry (both slices) is released at the block's end. DQ_X (tools.dq_reduce_probe): while dK's
+    product runs, a fused backward's X^ of both slices is made and stored to dq_x (_x_probe)."""
     slot = r % STAGES
     phase = (r // STAGES) & 1
     s_do = gl.load(SDO_bh + blk)   # dO^'s scale: per q block, as in the block contract
@@ -611,6 +627,10 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         y_scale, y_inv = _row_scales(y_max)
         dk_int = _rows_dot(p_a if HAS_A else y_b, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, HAS_A,
                            SLICE, BLOCKED, False)
+        if DQ_X:
+            if HAS_A:
+                _x_probe(p_a, kq, dq_x.index(0))
+            _x_probe(y_b, kq, dq_x.index(1))
         dk_int = warpgroup_mma_wait(0, deps=[dk_int])
         dk += dk_int.to(gl.float32) * gl.convert_layout(y_scale, gl.SliceLayout(1, acc_layout))[:, None]
 
@@ -639,7 +659,7 @@ def _q_step(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, 
             op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, HEAD_DIM: gl.constexpr,
             PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr, MASK_A: gl.constexpr, MASK_B: gl.constexpr,
             rec_layout: gl.constexpr, MASK_DIAG: gl.constexpr, diag, empty, WS: gl.constexpr, sq_smem, sq_desc,
-            SDO_bh, TOKEN: gl.constexpr):
+            SDO_bh, TOKEN: gl.constexpr, dq_x, DQ_X: gl.constexpr):
     """One q block of _kv_tile's loop in the contract TOKEN names: _q_block_token (k_scale: s_K qk_const
     per kv row; s_Q and s_dO from sq_smem and SDO_bh) or _q_block (k_scale: the tile's; sc_smem's records)."""
     if TOKEN:
@@ -647,7 +667,7 @@ def _q_step(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, 
                                 delta_smem, sq_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                                 sq_desc, n_blocks, q_row0, t_row0, vb, vh, offs_kv, k_scale, SDO_bh, s_layout,
                                 dp_layout, acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, HAS_A,
-                                MASK_A, MASK_B, MASK_DIAG, diag, empty, WS)
+                                MASK_A, MASK_B, MASK_DIAG, diag, empty, WS, dq_x, DQ_X)
     else:
         dv, dk = _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem,
                           bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks, q_row0, t_row0,
@@ -658,15 +678,24 @@ def _q_step(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, 
 
 
 @gluon.jit
-def _dq_reduce_probe(r, acc, stage, dq_full, dq_empty, half, dq_scale, FIXED: gl.constexpr):
-    """A fused backward's dQ partial without its products (tools.dq_reduce_probe): the warpgroup's fp32
-    [SLICE, D] accumulator `acc` goes to stage r % 2 (two, so that the reducer warp of dkdv_ws_hopper may lag one
-    q block) and is handed to that warp (barriers 2 half + r % 2), which adds it into dQ by TMA. FIXED: as int32
-    round(acc dq_scale), fixed point, whose adds give the same bits in any order."""
-    slot = r % 2
-    if r >= 2:   # the reducer has read what this stage held two blocks ago
-        mbarrier.wait(dq_empty.index(2 * half + slot), ((r // 2) - 1) & 1)
-    if FIXED:
+def _dq_reduce_probe(r, acc, stage, dq_full, dq_empty, half, dq_scale, dq_x, dq_kt, MODE: gl.constexpr,
+                     NSTAGE: gl.constexpr, acc_layout: gl.constexpr):
+    """A fused backward's dQ partial (tools.dq_reduce_probe): the warpgroup's fp32 [SLICE, D] accumulator `acc`
+    stands in for it and goes to stage r % NSTAGE (two, so that the reducer warp of dkdv_ws_hopper may lag one
+    q block) and is handed to that warp (barriers 2 half + r % NSTAGE), which adds it into dQ by TMA. FIXED_DQ:
+    as int32 round(acc dq_scale), fixed point, whose adds give the same bits in any order. PRODUCT_DQ: the partial
+    is a real INT8 product first, dq_x[half] (SLICE q rows x 2 SLICE keys, not written: its cost, not its values)
+    times dq_kt^T, waited on and converted, then added as FIXED_DQ; PRODUCT_X_DQ: the same, with dq_x written by
+    _x_probe in each block."""
+    slot = r % NSTAGE
+    if r >= NSTAGE:   # the reducer has read what this stage held NSTAGE blocks ago
+        mbarrier.wait(dq_empty.index(2 * half + slot), ((r // NSTAGE) - 1) & 1)
+    if MODE >= PRODUCT_DQ:
+        prod = warpgroup_mma(dq_x.index(half), dq_kt.permute((1, 0)), gl.zeros(acc.shape, gl.int32, acc_layout),
+                             use_acc=False, is_async=True)
+        prod = warpgroup_mma_wait(0, deps=[prod])
+        acc = prod.to(gl.float32)
+    if MODE >= FIXED_DQ:
         stage.index(slot).store(gl.inline_asm_elementwise("cvt.rni.s32.f32 $0, $1;", "=r,r", [acc * dq_scale],
                                                           dtype=gl.int32, is_pure=True, pack=1))
     else:
@@ -682,7 +711,8 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
              stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, diag_in_a,
              HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
              PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr, WS: gl.constexpr, sq_smem,
-             sq_desc, TOKEN: gl.constexpr, dq_stage, dq_full, dq_empty, dq_scale, DQ_REDUCE: gl.constexpr):
+             sq_desc, TOKEN: gl.constexpr, dq_stage, dq_full, dq_empty, dq_scale, dq_x, dq_kt,
+             DQ_REDUCE: gl.constexpr, DQ_STAGES: gl.constexpr):
     """dK and/or dV of the SLICE kv rows from start_n on one warpgroup, from its K^ (and V) landing
     on kv_bar to the stores: the main loop over the q blocks `first` .. NQ - 1 in ring `full`,
     which the caller has started to fill (_dkdv_kernel) or a producer warp fills (WS,
@@ -726,19 +756,21 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
                               delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
                               q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
                               acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, True, True, False,
-                              rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN)
+                              rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN,
+                          dq_x, DQ_REDUCE == PRODUCT_X_DQ)
             if DQ_REDUCE:
                 _dq_reduce_probe(0, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
-                                 DQ_REDUCE == FIXED_DQ)
+                                 dq_x, dq_kt, DQ_REDUCE, DQ_STAGES, acc_layout)
         else:
             dv, dk = _q_step(0, first, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
                               delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
                               q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
                               acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, False, False,
-                              True, rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN)
+                              True, rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN,
+                          dq_x, DQ_REDUCE == PRODUCT_X_DQ)
             if DQ_REDUCE:
                 _dq_reduce_probe(0, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
-                                 DQ_REDUCE == FIXED_DQ)
+                                 dq_x, dq_kt, DQ_REDUCE, DQ_STAGES, acc_layout)
         loop_start = 1
     for r in range(loop_start, n_blocks):
         if not TOKEN:
@@ -750,10 +782,11 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
                           delta_smem, full, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks,
                           q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
                           acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, True, False, False,
-                          rec_layout, MASK_IN_LOOP, r == 0, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN)
+                          rec_layout, MASK_IN_LOOP, r == 0, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN,
+                          dq_x, DQ_REDUCE == PRODUCT_X_DQ)
         if DQ_REDUCE:
             _dq_reduce_probe(r, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
-                             DQ_REDUCE == FIXED_DQ)
+                             dq_x, dq_kt, DQ_REDUCE, DQ_STAGES, acc_layout)
 
     offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
@@ -877,6 +910,6 @@ def _dkdv_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, d
              q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK_tile, SQ_bh, SDO_bh, TS_kv, DK + out_bh,
              DV + out_bh, stride_gn, start_n, first, n_blocks, N // Q_BLOCK, q_row0, t_row0, vb, vh, sm_scale,
              start_n % Q_BLOCK == 0, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, False, sq_smem,
-             sq_desc, TOKEN, sq_smem, bars, bars, sm_scale, NO_DQ)
+             sq_desc, TOKEN, sq_smem, bars, bars, sm_scale, sq_smem, sq_smem, NO_DQ, 1)
     for i in gl.static_range(2 * STAGES + 1):
         mbarrier.invalidate(bars.index(i))

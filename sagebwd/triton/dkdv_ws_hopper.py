@@ -34,8 +34,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .dkdv_hopper import (DV_ONLY, ORDERED_DQ, SCALE_CHUNK, _allocate, _allocate_token, _kv_tile, _load_block, _load_kv,
-                          _load_slice)
+from .dkdv_hopper import (DV_ONLY, ORDERED_DQ, PRODUCT_DQ, SCALE_CHUNK, _allocate, _allocate_token, _kv_tile,
+                          _load_block, _load_kv, _load_slice)
 from .gluon_ext import tma_reduce_add
 
 # Ring depth per pass: q blocks (the dK pass: slice pairs), as many as shared memory holds beside
@@ -110,7 +110,8 @@ def _consumer(TILE: gl.constexpr, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_
               SQ_bh, SDO_bh, TS_kv, DK_bh, DV_bh, stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh,
               sm_scale, HEAD_DIM: gl.constexpr, SLICE: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
               PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr, sq_smem, sq_desc,
-              TOKEN: gl.constexpr, dq_stage, dq_full, dq_empty, dq_scale, DQ_REDUCE: gl.constexpr):
+              TOKEN: gl.constexpr, dq_stage, dq_full, dq_empty, dq_scale, dq_x, dq_kt, DQ_REDUCE: gl.constexpr,
+              DQ_STAGES: gl.constexpr):
     """dK and/or dV of kv tile TILE of the program (SLICE rows from start_n) on one warpgroup:
     dkdv_hopper's per-tile loop, its ring filled by the producer. Tile 0 holds slice a of the
     causal diagonal block, tile 1 its slice b."""
@@ -118,7 +119,7 @@ def _consumer(TILE: gl.constexpr, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_
              q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, SK_tile, SQ_bh, SDO_bh, TS_kv, DK_bh, DV_bh,
              stride_gn, start_n, first, n_blocks, NQ, q_row0, t_row0, vb, vh, sm_scale, TILE == 0, HEAD_DIM, SLICE,
              CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, True, sq_smem, sq_desc, TOKEN, dq_stage, dq_full, dq_empty,
-             dq_scale, DQ_REDUCE)
+             dq_scale, dq_x, dq_kt, DQ_REDUCE, DQ_STAGES)
 
 
 @gluon.jit
@@ -131,7 +132,8 @@ def _bulk_writes_done(x):
 
 @gluon.jit
 def _reducer(dq_desc, stage_0, stage_1, dq_full, dq_empty, SEM, bh, pid, first, n_blocks, NQ, q_row0, BH_ROWS,
-             SLICE: gl.constexpr, CAUSAL: gl.constexpr, DQ_REDUCE: gl.constexpr, GROUPS: gl.constexpr):
+             SLICE: gl.constexpr, CAUSAL: gl.constexpr, DQ_REDUCE: gl.constexpr, GROUPS: gl.constexpr,
+             NSTAGE: gl.constexpr):
     """The dQ probe's reducer warp (tools.dq_reduce_probe): each consumer's staged partial of each q block is
     added into dQ by TMA. DQ_REDUCE == ORDERED_DQ: deterministically, in a fixed order of programs per (q block,
     half) kept by a counter in SEM (causal: the program holding the block's diagonal first, then downwards, the
@@ -140,7 +142,7 @@ def _reducer(dq_desc, stage_0, stage_1, dq_full, dq_empty, SEM, bh, pid, first, 
     GROUPS times shorter, whose copies a fixed-order sum combines."""
     g = pid % GROUPS
     for r in range(n_blocks):
-        slot = r % 2
+        slot = r % NSTAGE
         blk = first + r
         if CAUSAL:   # this group's programs holding block blk: the largest is blk - (blk - g) mod GROUPS
             rank = (blk - (blk - g) % GROUPS - pid) // GROUPS
@@ -149,7 +151,7 @@ def _reducer(dq_desc, stage_0, stage_1, dq_full, dq_empty, SEM, bh, pid, first, 
         row = g * BH_ROWS + q_row0 + blk * 2 * SLICE
         counter = SEM + ((g * (BH_ROWS // (2 * SLICE)) + bh * NQ + blk) * 2)
         for h in gl.static_range(2):
-            mbarrier.wait(dq_full.index(2 * h + slot), (r // 2) & 1)
+            mbarrier.wait(dq_full.index(2 * h + slot), (r // NSTAGE) & 1)
             if DQ_REDUCE == ORDERED_DQ:
                 seen = gl.atomic_add(counter + h, 0, sem="acquire")
                 while seen != rank:
@@ -175,7 +177,7 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
                     STAGES: gl.constexpr,
                     PASS: gl.constexpr, BLOCKED: gl.constexpr, DIAG_IN_LOOP: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, TOKEN: gl.constexpr,
-                    DQ_REDUCE: gl.constexpr, DQ_GROUPS: gl.constexpr):
+                    DQ_REDUCE: gl.constexpr, DQ_GROUPS: gl.constexpr, DQ_STAGES: gl.constexpr):
     """TOKEN: the token contract (SQ, SK per token, sq_desc the TMA view of SQ; TILE_SCALES unused), else the
     block contract (sq_desc unused). DQ_REDUCE (dkdv_hopper's *_DQ; a measurement, tools.dq_reduce_probe): after every
     q block each consumer stages its dK accumulator (dkdv_hopper._dq_reduce_probe) and a reducer warp adds it into
@@ -197,8 +199,15 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
         sc1 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
     kv_bar, full, empty = ring_barriers(STAGES)
     if DQ_REDUCE:   # two stages per consumer
-        dq_0 = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
-        dq_1 = gl.allocate_shared_memory(dq_desc.dtype, [2] + dq_desc.block_type.shape, dq_desc.layout)
+        dq_0 = gl.allocate_shared_memory(dq_desc.dtype, [DQ_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
+        dq_1 = gl.allocate_shared_memory(dq_desc.dtype, [DQ_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
+        if DQ_REDUCE >= PRODUCT_DQ:   # the product's operands: X^ of both q halves, K^T of the 2 SLICE kv rows
+            operand: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+            dq_x = gl.allocate_shared_memory(gl.int8, [2, SLICE, 2 * SLICE], operand)
+            dq_kt = gl.allocate_shared_memory(gl.int8, [HEAD_DIM, 2 * SLICE], operand)
+        else:
+            dq_x = lse_smem
+            dq_kt = lse_smem
         dq_full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         dq_empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(4):
@@ -234,20 +243,20 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
                      SQ_bh, SDO_bh, TS_0, DK + out_bh, DV + out_bh, stride_gn, start_n, first, n_blocks, NQ, q_row0,
                      t_row0, vb, vh, sm_scale, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, sq_smem,
                      sq_desc, TOKEN,
-                     dq_0, dq_full, dq_empty, dq_scale, DQ_REDUCE)),
+                     dq_0, dq_full, dq_empty, dq_scale, dq_x, dq_kt, DQ_REDUCE, DQ_STAGES)),
             (_consumer, (1, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                      k_smem.slice(SLICE, SLICE),
                      v_1, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc1, kv_bar.index(0), full, empty,
                      SK_1, SQ_bh, SDO_bh, TS_1, DK + out_bh, DV + out_bh, stride_gn, start_n + SLICE, first, n_blocks,
                      NQ, q_row0, t_row0, vb, vh, sm_scale, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED,
                      DIAG_IN_LOOP, sq_smem, sq_desc, TOKEN,
-                     dq_1, dq_full, dq_empty, dq_scale, DQ_REDUCE)),
+                     dq_1, dq_full, dq_empty, dq_scale, dq_x, dq_kt, DQ_REDUCE, DQ_STAGES)),
             (_producer, (k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                      k_smem, v_smem, q_smem,
                      do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar.index(0), full, empty, q_row0, t_row0, vb,
                      vh, start_n, first, n_blocks, STAGES, SLICE, PASS, BLOCKED, sq_desc, sq_smem, TOKEN)),
             (_reducer, (dq_desc, dq_0, dq_1, dq_full, dq_empty, SEM, bh, pid, first, n_blocks, NQ, q_row0,
-                        N * (gl.num_programs(1)), SLICE, CAUSAL, DQ_REDUCE, DQ_GROUPS)),
+                        N * (gl.num_programs(1)), SLICE, CAUSAL, DQ_REDUCE, DQ_GROUPS, DQ_STAGES)),
         ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
     else:   # the default: no dQ partitions (lse_smem, full, empty, sm_scale stand in, unused)
         gl.warp_specialize([
@@ -257,14 +266,14 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
                      SQ_bh, SDO_bh, TS_0, DK + out_bh, DV + out_bh, stride_gn, start_n, first, n_blocks, NQ, q_row0,
                      t_row0, vb, vh, sm_scale, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED, DIAG_IN_LOOP, sq_smem,
                      sq_desc, TOKEN,
-                     lse_smem, full, empty, sm_scale, DQ_REDUCE)),
+                     lse_smem, full, empty, sm_scale, lse_smem, lse_smem, DQ_REDUCE, 1)),
             (_consumer, (1, k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                      k_smem.slice(SLICE, SLICE),
                      v_1, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sc1, kv_bar.index(0), full, empty,
                      SK_1, SQ_bh, SDO_bh, TS_1, DK + out_bh, DV + out_bh, stride_gn, start_n + SLICE, first, n_blocks,
                      NQ, q_row0, t_row0, vb, vh, sm_scale, HEAD_DIM, SLICE, CAUSAL, STAGES, PASS, BLOCKED,
                      DIAG_IN_LOOP, sq_smem, sq_desc, TOKEN,
-                     lse_smem, full, empty, sm_scale, DQ_REDUCE)),
+                     lse_smem, full, empty, sm_scale, lse_smem, lse_smem, DQ_REDUCE, 1)),
             (_producer, (k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                      k_smem, v_smem, q_smem,
                      do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar.index(0), full, empty, q_row0, t_row0, vb,

@@ -75,7 +75,7 @@ def dkdv_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales
 
 def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
                   block_q: int, ws: bool, token: bool = False, dq_reduce: tuple | None = None,
-                  dq_groups: int = 1) -> list:
+                  dq_groups: int = 1, dq_product: int = 0) -> list:
     """[(name, kernel, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at
     d=128; as dkdv_ws_hopper's kernel if `ws` (seq a multiple of 128), else dkdv_hopper's. v and do may
     have any strides and alignment. token: the token contract (s_q, s_k per token; s_q comes by TMA
@@ -85,7 +85,9 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
     added by TMA as a fused backward's dQ partials would be, in a fixed order if the counters are given (dK and dV
     unchanged); or (an int32 buffer, None, scale): added as int32 round(partial scale); dq_groups > 1: in that
     many ordered chains, into as many copies of dQ (the buffer's rows and the counters' first dimension dq_groups
-    times as many)."""
+    times as many); dq_product (with an int32 buffer) 1: each partial is first a real INT8 dQ product from shared
+    memory (its operands' values not written: the cost of the product, its wait and conversion), one dQ stage per
+    consumer (shared memory); 2: with X^ made and stored by every block (dkdv_hopper._x_probe)."""
     b, h, n, d = q8.shape
     tile_rows = dkdv_hopper.ROWS
 
@@ -113,10 +115,14 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
                                *(scale or [1.0]))
                 mode = (dkdv_hopper.FIXED_DQ if buffer.dtype == torch.int32 else
                         dkdv_hopper.UNORDERED_DQ if counters is None else dkdv_hopper.ORDERED_DQ)
+                if dq_product:
+                    if mode != dkdv_hopper.FIXED_DQ:
+                        raise ValueError("dq_product adds its int32 partials: pass an int32 buffer and no counters")
+                    mode = dkdv_hopper.PRODUCT_DQ if dq_product == 1 else dkdv_hopper.PRODUCT_X_DQ
             out.append((name, dkdv_ws_hopper._dkdv_ws_kernel, (n // (2 * tile_rows), b * h), (*ws_args, *reduce_args),
                         {**common, "STAGES": dkdv_ws_hopper.STAGES[name], "CONSUMER_REGS": dkdv_ws_hopper.CONSUMER_REGS,
                          "PRODUCER_REGS": dkdv_ws_hopper.PRODUCER_REGS, "DQ_REDUCE": mode.value,
-                         "DQ_GROUPS": dq_groups}))
+                         "DQ_GROUPS": dq_groups, "DQ_STAGES": 1 if dq_product else 2}))
         elif dq_reduce is not None:
             raise ValueError("dq_reduce needs the warp-specialised dK/dV (ws)")
         else:

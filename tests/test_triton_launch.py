@@ -289,3 +289,13 @@ def test_a_launch_signature_keys_constexprs_by_value_and_refuses_what_it_cannot(
     assert sig(x, 3, 64, 0.5) is None and sig(x, 3, 64, SCALE=-0.0) is None
     assert sig(x, 3, object()) is None and sig([x], 3, 64) is None
     assert sig(TensorDescriptor.from_tensor(x, [16, 16]), 3, 64) is not None
+
+
+def test_dq_add_bench_beside_mode_says_it_needs_a_gpu(monkeypatch, capsys):
+    """--dq-beside-dkdv (the two token backward kernels on two streams) is GPU-only like the rest of the tool."""
+    import torch
+
+    from tools import dq_add_bench
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert dq_add_bench.main(["--dq-beside-dkdv", "--shapes", "4,12,4096,64"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out

@@ -1,6 +1,6 @@
 """What a fused backward would pay to add its dQ partials: a GPU benchmark, no kernel of the op.
 
-    python -m tools.dq_add_bench [--kv-rows 64 128] [--shapes B,H,N,D ...] [--beside-dkdv]
+    python -m tools.dq_add_bench [--kv-rows 64 128] [--shapes B,H,N,D ...] [--beside-dkdv] [--dq-beside-dkdv]
 
 A backward that computed dQ inside the dK/dV program (no separate dQ kernel) would add every
 tile's fp32 dQ partial into a global fp32 buffer: with 64-row kv programs (the op's), each (kv
@@ -17,6 +17,10 @@ second stream beside the token contract's dK/dV kernel, against each alone. On a
 hid (docs/kernel-notes.md). The dK/dV program takes its SM's register file (setmaxnreg), so the two kernels'
 programs rarely share an SM: this bounds what a separate kernel overlaps, not what a warpgroup of a fused
 kernel could.
+
+`--dq-beside-dkdv` asks the same of the two kernels a token backward runs today, which need nothing from each other
+(the token contract writes no tile scales): the dQ and the dK/dV kernel one after the other, and on two streams in
+either launch order.
 """
 from __future__ import annotations
 
@@ -117,6 +121,25 @@ def measure_beside_dkdv(b: int, h: int, n: int, d: int, kv_rows: int) -> dict:
     return {"dkdv": bench(dkdv), "adds": bench(adds), "both": bench(beside(dkdv, adds))}
 
 
+def measure_dq_beside_dkdv(b: int, h: int, n: int, d: int, causal: bool) -> dict:
+    """The token contract's dQ and dK/dV kernels (the registry's) alone, one after the other, and launched together on
+    two streams, the dQ kernel first or the dK/dV kernel first."""
+    from sagebwd.triton import registry
+    from sagebwd.triton.launch import arch_for
+    c = token_backward_call(b, h, n, d, causal)
+    dq, dkdv = (registry.load(registry.resolve(arch_for(c.q8.device, None), d, p, "token", causal=causal, block_q=128,
+                                               block_kv=64, smooth_q=False, seq=n)) for p in ("dq", "dkdv"))
+
+    def run_dq():
+        dq(c, None)
+
+    def run_dkdv():
+        dkdv(c, None)
+    bench = functools.partial(triton.testing.do_bench, return_mode="median")
+    return {"dq": bench(run_dq), "dkdv": bench(run_dkdv), "serial": bench(lambda: (run_dq(), run_dkdv())),
+            "dq_first": bench(beside(run_dq, run_dkdv)), "dkdv_first": bench(beside(run_dkdv, run_dq))}
+
+
 def _shape(text: str) -> tuple:
     try:
         b, h, n, d = (int(x) for x in text.split(","))
@@ -134,10 +157,23 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", type=_shape, nargs="+", default=list(SHAPES), metavar="B,H,N,D")
     parser.add_argument("--beside-dkdv", action="store_true",
                         help="also time the TMA-reduce adds (causal) launched beside the token dK/dV kernel")
+    parser.add_argument("--dq-beside-dkdv", action="store_true",
+                        help="only time the token dQ and dK/dV kernels one after the other and on two streams")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("dq_add_bench needs a CUDA GPU")
         return 2
+    if args.dq_beside_dkdv:
+        print("| (B,H,N,D) | mask | dQ ms | dK/dV ms | one after the other | two streams, dQ first | dK/dV first | "
+              "gained |")
+        print("|---|---|---|---|---|---|---|---|")
+        for shape in args.shapes:
+            for causal in (True, False):
+                r = measure_dq_beside_dkdv(*shape, causal)
+                gained = 1 - min(r["dq_first"], r["dkdv_first"]) / r["serial"]
+                print(f"| {tuple(shape)} | {'causal' if causal else 'full'} | {r['dq']:.3f} | {r['dkdv']:.3f} | "
+                      f"{r['serial']:.3f} | {r['dq_first']:.3f} | {r['dkdv_first']:.3f} | {gained:.1%} |", flush=True)
+        return 0
     if args.beside_dkdv:
         print("| (B,H,N,D) causal | kv rows | token dK/dV ms | TMA-reduce adds ms | both at once ms | hidden |")
         print("|---|---|---|---|---|---|")

@@ -84,7 +84,7 @@ def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv
                                 for name, d in zip(("o", "dq", "dk", "dv"), rerun_diff))}
 
 
-def graph_and_compiled(shape, kernels="default") -> dict:
+def graph_and_compiled(shape, kernels="default", quant="block") -> dict:
     """One causal fwd+bwd of SageBwd eagerly (`step`), under torch.compile (`compiled_step`: the
     registered custom ops) and captured in a CUDA graph (`graph`), on the same inputs; `identical`
     and `compiled_identical`: whether the replayed and compiled outputs equal the eager ones bit for
@@ -95,7 +95,8 @@ def graph_and_compiled(shape, kernels="default") -> dict:
     q, k, v = [t.requires_grad_() for t in (q, k, v)]
 
     def fn(q, k, v):
-        return sagebwd.attention(q, k, v, causal=True, backend="triton", check_finite=False, kernels=kernels)
+        return sagebwd.attention(q, k, v, causal=True, backend="triton", check_finite=False, kernels=kernels,
+                                 quant=quant)
 
     def step():
         o = fn(q, k, v)

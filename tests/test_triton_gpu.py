@@ -286,10 +286,12 @@ def test_fused_backward_takes_any_layout_of_v_and_do(layout):
         assert err <= 1e-5, f"{name} differs with {layout} v/dO: {err:.2e}"
 
 
-def test_cuda_graph_replay_matches_eager():
+@pytest.mark.parametrize("quant", ["block", "token"])
+def test_cuda_graph_replay_matches_eager(quant):
     """One fwd+bwd captured in a CUDA graph (the remedy where the op is launch-bound) replays to
-    the eager outputs bit for bit: no host synchronisation, nothing read back on the host."""
-    rows = [graph_and_compiled(shape) for shape in [(1, 2, 512, 64), (1, 2, 384, 128)]]
+    the eager outputs bit for bit: no host synchronisation, nothing read back on the host. The token
+    contract's backward forks a side stream (backward.SIDE_STREAM), which the capture takes in."""
+    rows = [graph_and_compiled(shape, quant=quant) for shape in [(1, 2, 512, 64), (1, 2, 384, 128)]]
     assert all(r["identical"] for r in rows)
     # eager calls skip the custom ops' dispatch (ops._EagerAttention), compiled ones run the ops
     assert all(r["compiled_identical"] for r in rows)
@@ -379,3 +381,16 @@ def test_sections_of_heads_change_no_bit(quant, head_dim, monkeypatch):
     sections_of_two = _causal_fwd_bwd(q, k, v, do, quant)
     for name, a, b in zip(("O", "dQ", "dK", "dV"), one_section, sections_of_two):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_token_backward_on_two_streams_matches_one_stream(causal, head_dim, monkeypatch):
+    """The token backward's dQ kernel beside its dK/dV kernel on a side stream gives the bits of the two one after
+    the other, and the caller's stream waits for both (read right after, with no synchronisation)."""
+    from sagebwd.triton import backward as kb
+    got = _forward_backward((2, 3, 1024, head_dim), causal, "default", quant="token")
+    monkeypatch.setattr(kb, "SIDE_STREAM", False)
+    ref = _forward_backward((2, 3, 1024, head_dim), causal, "default", quant="token")
+    for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
+        assert torch.equal(a, b), f"{name} differs on two streams"

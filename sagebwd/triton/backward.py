@@ -551,7 +551,32 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delt
         b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32)
     call = BackwardCall(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, tile_scales, causal,
                         smooth_k, mu_q, k, k_mean, block_q, block_kv, token, delta_sq, lse2_p)
+    if token and not one_kernel and SIDE_STREAM and q8.is_cuda:
+        # nothing passes between the two kernels (no tile scales): the dQ kernel runs beside the dK/dV kernel, on a
+        # side stream, launched second (docs/kernel-notes.md, "The two token backward kernels on two streams")
+        main = torch.cuda.current_stream(q8.device)
+        side = _side_stream(q8.device)
+        side.wait_stream(main)
+        registry.load(dkdv_kernel)(call, tuning)
+        with torch.cuda.stream(side):
+            registry.load(dq_kernel)(call, tuning)
+        main.wait_stream(side)
+        return dq, dk, dv
     registry.load(dq_kernel)(call, tuning)   # first: it writes the tile scales
     if not one_kernel:
         registry.load(dkdv_kernel)(call, tuning)
     return dq, dk, dv
+
+
+# The token contract's two backward kernels on two streams (backward); False runs them one after the other.
+SIDE_STREAM = True
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device) -> "torch.cuda.Stream":
+    """One side stream per device, made once (a stream costs a driver call; CUDA-graph capture forks it from the
+    capturing stream through the waits above)."""
+    index = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]

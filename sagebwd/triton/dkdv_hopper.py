@@ -681,8 +681,9 @@ def _q_step(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, 
 def _dq_reduce_probe(r, acc, stage, dq_full, dq_empty, half, dq_scale, dq_x, dq_kt, MODE: gl.constexpr,
                      NSTAGE: gl.constexpr, acc_layout: gl.constexpr):
     """A fused backward's dQ partial (tools.dq_reduce_probe): the warpgroup's fp32 [SLICE, D] accumulator `acc`
-    stands in for it and goes to stage r % NSTAGE (two, so that the reducer warp of dkdv_ws_hopper may lag one
-    q block) and is handed to that warp (barriers 2 half + r % NSTAGE), which adds it into dQ by TMA. FIXED_DQ:
+    stands in for it and goes to stage r % NSTAGE (two let the reducer warp of dkdv_ws_hopper lag one q block; the
+    product variants have shared memory for one) and is handed to that warp (barriers 2 half + r % NSTAGE), which
+    adds it into dQ by TMA. FIXED_DQ:
     as int32 round(acc dq_scale), fixed point, whose adds give the same bits in any order. PRODUCT_DQ: the partial
     is a real INT8 product first, dq_x[half] (SLICE q rows x 2 SLICE keys, not written: its cost, not its values)
     times dq_kt^T, waited on and converted, then added as FIXED_DQ; PRODUCT_X_DQ: the same, with dq_x written by
@@ -720,9 +721,10 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
     its slice a (a runtime value here, a constexpr in dkdv_ws_hopper).
     TOKEN (the token contract): SK_tile points to the tile's per-row s_K, the ring carries s_Q per
     q row (sq_smem), SDO_bh gives s_dO per q block; no staged records (sc_smem, TS_kv unused).
-    DQ_REDUCE (a measurement, tools.dq_reduce_probe): after each q block the tile's dK accumulator goes to
-    dq_stage for dkdv_ws_hopper's reducer warp (_dq_reduce_probe), the traffic a fused backward's dQ partials
-    would make; dK and dV are unchanged."""
+    DQ_REDUCE (a measurement, tools.dq_reduce_probe; NO_DQ by default): after each q block the tile's dK
+    accumulator goes to dq_stage (DQ_STAGES deep) for dkdv_ws_hopper's reducer warp (_dq_reduce_probe: dq_full,
+    dq_empty its barriers, dq_scale the fixed point's, dq_x and dq_kt the product's operands), the work a fused
+    backward's dQ partials would make; dK and dV are unchanged."""
     # _stage_scales: [SCALE_CHUNK, 8] records, 2 per thread; _staged_scales: a whole record per thread
     stage_layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0])
     rec_layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])

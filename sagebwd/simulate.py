@@ -165,8 +165,10 @@ class Intermediates(NamedTuple):
     ds: torch.Tensor      # dS entering dQ and dK (dequantised per tile)
 
 
-def backward(saved: Saved, do: torch.Tensor, cfg: SageConfig, return_intermediates: bool = False):
-    """Algorithm 2. Returns (dq, dk, dv) in the input dtype [, Intermediates]."""
+def backward(saved: Saved, do: torch.Tensor, cfg: SageConfig, return_intermediates: bool = False,
+             dp: torch.Tensor | None = None):
+    """Algorithm 2. Returns (dq, dk, dv) in the input dtype [, Intermediates]. dp: dO V^T as given (tools.quant_study's
+    quantised dP variants) instead of computed."""
     b, h, n, d = saved.v.shape
     ct = compute_dtype(saved.v.dtype)
     sm_scale = 1.0 / math.sqrt(d)
@@ -176,7 +178,8 @@ def backward(saved: Saved, do: torch.Tensor, cfg: SageConfig, return_intermediat
     s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, sm_scale)
     p = torch.exp(s - saved.lse.unsqueeze(-1))
 
-    dp = do_c @ saved.v.to(ct).transpose(-1, -2)               # kept in 16-bit inputs, fp32 accumulate
+    if dp is None:
+        dp = do_c @ saved.v.to(ct).transpose(-1, -2)           # kept in 16-bit inputs, fp32 accumulate
     ds = p * (dp - delta.unsqueeze(-1))
     if cfg.quant == "token":
         do_hat, s_do = quantize_row_blocks_e4m3(do_c, bq, cfg.quantize)

@@ -95,7 +95,7 @@ import torch
 from sagebwd.fpa import fpa_attention
 from sagebwd.quant import (E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks,
                            quantize_row_blocks_e4m3, round_to_e4m3)
-from sagebwd.simulate import (SageConfig, _token_products, backward, compute_dtype, forward, forward_quantized,
+from sagebwd.simulate import (SageConfig, backward, compute_dtype, forward, forward_quantized,
                               scores, smooth, token_x_dq, token_x_partials)
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS, key_tile
@@ -297,22 +297,11 @@ def quantized_dp(do: torch.Tensor, v: torch.Tensor, cfg: SageConfig, variant: st
     return dp.to(ct)
 
 
-def backward_with_dp(saved, do: torch.Tensor, delta: torch.Tensor, dp: torch.Tensor, cfg: SageConfig):
-    """(dQ, dK, dV, dS as dQ consumes it) of the token contract's backward (simulate.backward, op for op)
-    with ``dp`` in place of its dO V^T: dS = P (dP - delta) and the contract's products
-    (simulate._token_products). With the simulation's own dP this is variant a, bit for bit (tests)."""
-    b, h, n, d = saved.v.shape
-    ct = compute_dtype(saved.v.dtype)
-    sm_scale = 1.0 / math.sqrt(d)
-    p = _backward_p(saved, cfg)
-    ds = p * (dp - delta.unsqueeze(-1))
-    do_hat, s_do = quantize_row_blocks_e4m3(do.to(ct), cfg.block_q, cfg.quantize)
-    dv, dq, dk, _, ds_seen = _token_products(p, ds, do_hat, s_do, saved, cfg, sm_scale)
-    if saved.mu_q is not None:   # the Q-smoothing bias branch, from the unquantised dS
-        col_sums = ds.reshape(b, h, n // cfg.block_q, cfg.block_q, n).sum(dim=3)
-        dk = dk + sm_scale * torch.einsum("bhin,bhid->bhnd", col_sums, saved.mu_q)
-    dtype = saved.v.dtype
-    return dq.to(dtype), dk.to(dtype), dv.to(dtype), ds_seen()
+def backward_with_dp(saved, do: torch.Tensor, dp: torch.Tensor, cfg: SageConfig):
+    """(dQ, dK, dV, dS as dQ consumes it) of the simulation's backward with ``dp`` in place of its dO V^T. With the
+    simulation's own dP this is variant a, bit for bit (tests)."""
+    (dq, dk, dv), inter = backward(saved, do, cfg, return_intermediates=True, dp=dp)
+    return dq, dk, dv, inter.ds
 
 
 FIXED_BITS = 30   # the bound maps to 2**30 quanta: 2x headroom under int32's 2**31
@@ -383,7 +372,7 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
             dq_f, stats = fixed_point_dq(saved, inter, do, cfg)
             out[name] = {**base, "dq": dq_f, "stats": stats}
         elif name in DP_VARIANTS:   # O, delta and dV as the contract's; dP enters dS only
-            dq_p, dk_p, dv_p, ds_p = backward_with_dp(saved, do, inter.delta, quantized_dp(do, v, cfg, name), cfg)
+            dq_p, dk_p, dv_p, ds_p = backward_with_dp(saved, do, quantized_dp(do, v, cfg, name), cfg)
             out[name] = {**base, "dq": dq_p, "dk": dk_p, "dv": dv_p, "ds": ds_p}
         elif name in ("e", "f", "fK"):
             ct = compute_dtype(q.dtype)

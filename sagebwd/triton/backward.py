@@ -576,7 +576,8 @@ _SIDE_STREAMS: dict = {}
 def _side_stream(device) -> "torch.cuda.Stream":
     """One side stream per device, made once (a stream costs a driver call; CUDA-graph capture forks it from the
     capturing stream through the waits above)."""
-    index = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
     if index not in _SIDE_STREAMS:
         _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
     return _SIDE_STREAMS[index]

@@ -378,6 +378,30 @@ def test_dq_reduce_probe_builds_its_reductions(mode, causal):
     assert compiled.metadata.shared <= HOPPER_SHARED_BYTES
 
 
+def test_dkdv_launches_refuse_a_dq_reduction_they_cannot_make():
+    """The probe's reductions (hopper.dkdv_launches' dq_reduce) are refused by name where they cannot run: without the
+    warp-specialised kernel, ordered int32 adds (they need no order), a dQ product onto fp32 adds."""
+    import torch
+    from sagebwd.triton import hopper
+    b, h, n, d = 1, 2, 512, 64
+    i8, f32 = (lambda *s: torch.zeros(*s, dtype=torch.int8)), (lambda *s: torch.zeros(*s))   # noqa: E731
+    q8, k8, q8t, out = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
+    do8t, s_q = torch.zeros(b, h, d, n, dtype=torch.float8_e4m3fn), f32(b * h, n)
+    counters = torch.zeros(b * h, n // 128, 2, dtype=torch.int32)
+    fp32, int32 = f32(b * h * n, d), torch.zeros(b * h * n, d, dtype=torch.int32)
+
+    def launches(ws, dq_reduce, dq_product=0):
+        return hopper.dkdv_launches(q8, q8t, s_q, k8, s_q, out, out, do8t, f32(b * h, n // 128), s_q, s_q, s_q, out,
+                                    out, causal=True, block_q=128, ws=ws, token=True, dq_reduce=dq_reduce,
+                                    dq_product=dq_product)
+    with pytest.raises(ValueError, match="warp-specialised"):
+        launches(False, (fp32, None))
+    with pytest.raises(ValueError, match="need no order"):
+        launches(True, (int32, counters, 1.0))
+    with pytest.raises(ValueError, match="int32 buffer"):
+        launches(True, (fp32, None), dq_product=1)
+
+
 def test_dq_reduce_probe_counts_each_variants_loop(capsys):
     """`python -m tools.dq_reduce_probe --sass`: each variant's main loop, counted from its sm_90 build. The dK/dV
     kernel's own loop is the loop mix's (tools.offline); each addition only adds instructions; making X^ by

@@ -394,3 +394,21 @@ def test_token_backward_on_two_streams_matches_one_stream(causal, head_dim, monk
     ref = _forward_backward((2, 3, 1024, head_dim), causal, "default", quant="token")
     for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
         assert torch.equal(a, b), f"{name} differs on two streams"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_token_forward_quantises_q_as_the_quantise_pass_would(causal, head_dim):
+    """The token forward quantises Q itself (no Q-smoothing): Q^, its scales and Q^ sequence-contiguous equal
+    the quantise pass's (quantize_blocks) bit for bit, for Q in the model's layout (a view of (B, N, H, D))."""
+    from sagebwd.triton import ops, quantize as kq
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    b, h, n = 2, 3, 2048
+    q, k, v = [(torch.randn(b, n, h, head_dim, device="cuda", generator=gen) * 2).bfloat16().transpose(1, 2)
+               for _ in range(3)]
+    o, _, q8, q8t, s_q = ops._forward_impl(q, k, v, causal, True, False, 128, 64, True, True)[:5]
+    rows, cols, scale, _ = kq.quantize_blocks(q, 128, cols=True, token=True)
+    assert torch.equal(q8, rows) and torch.equal(s_q, scale) and torch.equal(q8t, cols)
+    assert torch.equal(o, ops._forward_impl(q, k, v, causal, True, False, 128, 64, True, False)[0]), \
+        "inference (no transposed copy) changed O"

@@ -228,6 +228,35 @@ def _token_quantize_case() -> dict:
             "k_equal_across_tiles": bool(torch.equal(one[4], three[4])) and bool(torch.equal(one[6], three[6]))}
 
 
+def _token_q_in_forward_case() -> dict:
+    """The token contract without Q-smoothing quantises Q in the forward kernel (ops._forward_impl): its Q^,
+    Q^ sequence-contiguous and scales equal the quantise pass's (quantize_blocks) and the simulation's bit for
+    bit, for a strided Q, d=64 and 128, for training and for inference (no transposed copy); the quantise
+    launch then takes K and V only."""
+    import torch
+    from sagebwd.simulate import SageConfig, quantize_qk, smooth
+    from sagebwd.triton import ops
+    from sagebwd.triton import quantize as kq
+    from sagebwd.triton.launch import Tuning
+
+    gen = torch.Generator().manual_seed(11)
+    equal, skips = True, []
+    for d, causal in ((64, True), (128, False)):
+        q, k, v = [(torch.randn(1, 256, 2, d, generator=gen) * 3).half().transpose(1, 2) for _ in range(3)]
+        for for_backward in (True, False):
+            o, _, q8, q8t, s_q = ops._forward_impl(q, k, v, causal, True, False, 128, 64, True, for_backward)[:5]
+            rows, cols, scale, _ = kq.quantize_blocks(q, 128, cols=True, token=True)
+            q_hat, sim_scale, _, _ = quantize_qk(*smooth(q.float(), k.float(), SageConfig(quant="token"))[:2],
+                                                 SageConfig(quant="token"))
+            equal = (equal and bool(torch.equal(q8, rows)) and bool(torch.equal(s_q, scale))
+                     and bool(torch.equal(q8.float(), q_hat)) and bool(torch.equal(s_q, sim_scale))
+                     and (bool(torch.equal(q8t, cols)) if for_backward else q8t.numel() == 0))
+        recorded = Tuning(recorded=[])
+        ops._forward_impl(q, k, v, causal, True, False, 128, 64, True, True, "default", recorded)
+        skips += [kw.get("SKIP_Q") for name, _, _, kw in recorded.recorded if name == "quantize"]
+    return {"name": "token_q_in_forward", "equal": equal, "quantise_skips_q": skips == [True, True]}
+
+
 def _sequence_mean_case() -> dict:
     """The K-smoothing mean's kernel (quantize._sequence_mean, the GPU's; the CPU path is PyTorch's): against
     the fp64 mean, for a strided K, a sequence that ends inside a program's rows, and one long enough that a
@@ -323,6 +352,7 @@ def main() -> None:
     print(json.dumps(_k_order_case()), flush=True)
     print(json.dumps(_fused_quantize_case()), flush=True)
     print(json.dumps(_token_quantize_case()), flush=True)
+    print(json.dumps(_token_q_in_forward_case()), flush=True)
     print(json.dumps(_e4m3_case()), flush=True)
     print(json.dumps(_sequence_mean_case()), flush=True)
     print(json.dumps(_dq_add_bench_case()), flush=True)
@@ -364,6 +394,12 @@ def test_token_quantiser_matches_simulation(results):
     r = results["token_quantize"]
     assert r["equal_sim"], "the token quantiser's integers or scales differ from the simulation's"
     assert r["k_equal_across_tiles"], "per-token K depends on the launch's tile size"
+
+
+def test_token_forward_quantises_q_as_the_quantise_pass_would(results):
+    r = results["token_q_in_forward"]
+    assert r["equal"], "the token forward's Q^ or its scales differ from the quantise pass's or the simulation's"
+    assert r["quantise_skips_q"], "the quantise pass still quantised Q where the token forward does"
 
 
 def test_compiles_fullgraph(results):

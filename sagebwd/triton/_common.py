@@ -228,6 +228,14 @@ def tile_scales(amax, EXACT_SCALE: tl.constexpr):
 
 
 @triton.jit
+def quantize_token_rows(x):
+    """The token contract's INT8 of a (rows, D) fp32 tile, one scale per row: (int8 rows, scales). Called by
+    the quantise pass (K, and Q with Q-smoothing) and by the token forward, which quantises Q itself."""
+    scale, inv = block_scales(tl.max(tl.abs(x), axis=1))
+    return round_to_int8(mul_rn(x, inv[:, None])), scale
+
+
+@triton.jit
 def quantize_tile(x):
     """Per-tile INT8 of a 2-D fp32 tile: returns (int8 tile, scale)."""
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)

@@ -21,7 +21,8 @@ import triton.language as tl
 
 from ..validate import key_tile
 from . import registry
-from ._common import LN2, LOG2E, empty_in_layout_of, int_to_float, program_tile, round_scaled_to_int8, to_k_order
+from ._common import (LN2, LOG2E, empty_in_layout_of, int_to_float, program_tile, quantize_token_rows,
+                      round_scaled_to_int8, to_k_order)
 from .launch import Tuning, arch_for, launch, launch_settings, overrides
 from .schedule import heads_per_section, tile_grid
 
@@ -133,11 +134,14 @@ def _forward_tiles(acc, acc2, l_i, m_i, q8, q_scale, offs_m, lo, hi,
 
 
 @triton.jit
-def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
+def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN, Q, Q8T,
                     stride_kfb, stride_kfh, stride_kfn, stride_kfd, stride_ob, stride_oh, stride_on,
-                    sm_scale, H, N, SECTION,
+                    stride_qb, stride_qh, stride_qn, stride_qd, sm_scale, H, N, SECTION,
                     BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, TOKEN: tl.constexpr):
+                    CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, TOKEN: tl.constexpr,
+                    QUANTIZE_Q: tl.constexpr = False, WRITE_QT: tl.constexpr = False):
+    """QUANTIZE_Q: Q (any strides) is quantised here into Q8, SQ and (WRITE_QT) Q8T; otherwise Q, Q8T and
+    the q strides are not read."""
     # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).
     rank, bh = program_tile(N // BLOCK_M, SECTION)
     pid_m = N // BLOCK_M - 1 - rank
@@ -145,6 +149,22 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     seq_base = bh.to(tl.int64) * N * HEAD_DIM
+    if QUANTIZE_Q:
+        # The token contract without Q-smoothing: this program quantises its own q rows (one scale per
+        # token needs nothing beyond the row) and writes Q^, its scales and, for the backward, Q^ sequence-
+        # contiguous, as the quantise pass would: that pass then reads and writes K and V only (the forward
+        # has memory bandwidth to spare, the pass had none).
+        x = tl.load(Q + (bh // H).to(tl.int64) * stride_qb + (bh % H).to(tl.int64) * stride_qh
+                    + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd).to(tl.float32)
+        x8, x_scale = quantize_token_rows(x)
+        tl.store(SQ + bh * N + offs_m, x_scale)
+        tl.store(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], x8)
+        if WRITE_QT:
+            tl.store(Q8T + seq_base + offs_d[:, None] * N + offs_m[None, :], to_k_order(tl.trans(x8)))
+        # Read back below, as without QUANTIZE_Q: Q^ taken from the arithmetic's registers went through shared
+        # memory into the dot in every iteration (ptxas: 2 LDSM and a spill reload more per tile at d=64, 2
+        # spills at d=128); the barrier makes the program's stores visible to all its threads.
+        tl.debug_barrier()
     q8 = tl.load(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
     # A program may hold part of a q quantisation block (BLOCK_M <= Q_BLOCK): fewer registers, more programs per SM.
     q_blk = start_m // Q_BLOCK
@@ -225,10 +245,12 @@ def _launch_settings(rows: int, head_dim: int, keys: int, causal: bool, token: b
 
 
 def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, mu_q, k, k_mean, block_q: int,
-        block_kv: int, layout_of, quant: str = "block", tuning: Tuning | None = None):
-    """The Triton forward kernel (registry: forward "triton", both contracts): (O, LSE), as forward() says."""
+        block_kv: int, layout_of, quant: str = "block", q=None, q8t=None, tuning: Tuning | None = None):
+    """The Triton forward kernel (registry: forward "triton", both contracts): (O, LSE), as forward() says;
+    with q (token, no Q-smoothing) it writes q8, s_q and q8t (if given) from q first."""
     b, h, n, d = q8.shape
     smooth_q = mu_q is not None
+    assert q is None or (quant == "token" and not smooth_q), "the forward quantises Q in the token contract only"
     o = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype)
     lse = torch.empty(b, h, n, device=q8.device, dtype=torch.float32)
     kf = k if smooth_q else q8
@@ -237,28 +259,35 @@ def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, 
     launch("forward", _forward_kernel, tile_grid(n // rows, b * h),
         q8, k8, v8t, s_q, s_k, s_v, o, lse,
         mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,
-        *kf.stride(), *o.stride()[:3], 1.0 / math.sqrt(d), h, n, heads_per_section(causal, b * h, (k8, v8t)),
+        q8 if q is None else q, q8 if q8t is None else q8t,   # read only with QUANTIZE_Q (WRITE_QT)
+        *kf.stride(), *o.stride()[:3], *(q.stride() if q is not None else (0, 0, 0, 0)),
+        1.0 / math.sqrt(d), h, n, heads_per_section(causal, b * h, (k8, v8t)),
         BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=keys, HEAD_DIM=d, CAUSAL=causal,
-        SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=quant == "token",
-        **_launch_settings(rows, d, keys, causal, quant == "token", tuning),
+        SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=quant == "token", QUANTIZE_Q=q is not None,
+        WRITE_QT=q8t is not None, **_launch_settings(rows, d, keys, causal, quant == "token", tuning),
         tuning=tuning)
     return o, lse
 
 
 def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool,
             mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, layout_of=None,
-            kernels: str = "default", quant: str = "block", tuning: Tuning | None = None):
+            kernels: str = "default", quant: str = "block", q=None, q8t=None, tuning: Tuning | None = None):
     """O (B,H,N,D) in out_dtype, in layout_of's memory order (contiguous without it;
     _common.empty_in_layout_of), and LSE (B,H,N) fp32 from the quantised operands, by the
     registry's forward kernel for this device and `kernels`.
 
     mu_q (B,H,N/block_q,D), k (the unquantised K, any strides) and k_mean (B*H,D) are needed
     only with Q-smoothing (mu_q not None), for the bias mu_i . K_sm^T. quant: the contract; with
-    "token", s_q and s_k are per token (B,H,N).
+    "token", s_q and s_k are per token (B,H,N). q (token, no Q-smoothing): Q itself, which the kernel
+    quantises into q8, s_q and q8t (quantize.empty_token_q's buffers; q8t None for inference).
     """
     arch = arch_for(q8.device, tuning)
     kernel = registry.resolve(arch, q8.shape[-1], "forward", quant, kernels, block_q=block_q, block_kv=block_kv,
                               smooth_q=mu_q is not None, seq=q8.shape[2], causal=causal)
+    extra = {}
+    if q is not None:
+        assert kernel.name == "triton", f"forward kernel {kernel.name!r} does not quantise Q (the Triton one does)"
+        extra = dict(q=q, q8t=q8t)
     return registry.load(kernel)(q8, k8, v8t, s_q, s_k, s_v, out_dtype=out_dtype, causal=causal, smooth_k=smooth_k,
                                  mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv,
-                                 layout_of=layout_of, quant=quant, tuning=tuning)
+                                 layout_of=layout_of, quant=quant, tuning=tuning, **extra)

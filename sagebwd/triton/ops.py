@@ -52,12 +52,18 @@ def _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
     (sagebwd.triton.registry); tuning: a tool's hooks (launch.Tuning)."""
     _check(q, k, v, block_q, block_kv)
     k_mean = _quant.sequence_mean(k) if smooth_k else None
+    # The token contract without Q-smoothing: the forward kernel quantises Q (per token: nothing beyond each
+    # row), so the quantise pass moves K and V only (docs/kernel-notes.md, "Twelfth session").
+    q_in_forward = token and not smooth_q
     q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v = _quant.quantize_qkv(q, k, v, block_q, block_kv, k_mean=k_mean,
                                                                      smooth_q=smooth_q, cols=for_backward, token=token,
-                                                                     tuning=tuning)
+                                                                     quantize_q=not q_in_forward, tuning=tuning)
+    if q_in_forward:
+        q8, q8t, s_q = _quant.empty_token_q(q, cols=for_backward)
     o, lse = _fwd.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=q.dtype, causal=causal, smooth_k=smooth_k,
                           mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv, layout_of=q,
-                          kernels=kernels, quant=_quant_name(token), tuning=tuning)
+                          kernels=kernels, quant=_quant_name(token), q=q if q_in_forward else None,
+                          q8t=q8t if q_in_forward else None, tuning=tuning)
     def unused(dtype=torch.float32):   # a fresh empty tensor each: op outputs must not alias
         return torch.empty(0, device=q.device, dtype=dtype)
     return (o, lse, q8, q8t if for_backward else unused(torch.int8), s_q, k8,

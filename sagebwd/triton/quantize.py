@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ._common import (E4M3_MAX, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, interpreting, mul_rn, quantize_tile,
-                      round_to_int8, to_e4m3, to_k_order)
+                      quantize_token_rows, round_to_int8, to_e4m3, to_k_order)
 from ..validate import key_tile
 from .launch import Tuning, launch
 
@@ -43,8 +43,7 @@ def _quantize_tile(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, s
         tl.store(BLOCK_MEAN + (bh * (N // BLOCK) + tile) * HEAD_DIM + offs_d, mu)
         x -= mu[None, :]
     if TOKEN:
-        scale, inv = block_scales(tl.max(tl.abs(x), axis=1))
-        x8 = round_to_int8(mul_rn(x, inv[:, None]))
+        x8, scale = quantize_token_rows(x)
         tl.store(SCALE + bh * N + offs_n, scale)
     else:
         x3 = tl.reshape(x, [S, BLOCK, HEAD_DIM])
@@ -76,17 +75,22 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
                          stride_vb, stride_vh, stride_vn, stride_vd, H, N,
                          TILE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_V: tl.constexpr,
                          HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr, SMOOTH_Q: tl.constexpr, COLS: tl.constexpr,
-                         TOKEN: tl.constexpr):
+                         TOKEN: tl.constexpr, SKIP_Q: tl.constexpr = False):
     """The forward's three quantisations in one launch (program_id(2): Q, K, V), every program a
     tile of TILE rows: Q^ in rows (and cols for the backward), K^ likewise after K-smoothing, V^
-    in cols only, per BLOCK_V rows (the forward's kv tile). TOKEN: Q and K with one scale per token."""
+    in cols only, per BLOCK_V rows (the forward's kv tile). TOKEN: Q and K with one scale per token.
+    SKIP_Q: K and V only (program_id(2): K, V), where the token forward quantises Q itself."""
     tile = tl.program_id(0)
     bh = tl.program_id(1)
     which = tl.program_id(2)
-    if which == 0:   # Q-smoothing's block mean needs TILE == BLOCK_Q (quantize_qkv)
+    if SKIP_Q:
+        k_program = which == 0
+    else:
+        k_program = which == 1
+    if not SKIP_Q and which == 0:   # Q-smoothing's block mean needs TILE == BLOCK_Q (quantize_qkv)
         _quantize_tile(Q, SQ, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N,
                        tile, bh, TILE, BLOCK_Q, HEAD_DIM, False, SMOOTH_Q, True, COLS, TOKEN)
-    elif which == 1:
+    elif k_program:
         _quantize_tile(K, K_MEAN, K_ROWS, K_COLS, SK, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N,
                        tile, bh, TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, False, True, COLS, TOKEN)
     else:
@@ -225,9 +229,18 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
     return out_rows, out_cols, scale, block_mean
 
 
+def empty_token_q(q: torch.Tensor, cols: bool):
+    """(q8, q8t or None, s_q) for the token forward to fill (forward.run with q): Q^ in rows and, for the
+    backward, in cols, as quantize_qkv writes them, and the per-token scales (B,H,N)."""
+    b, h, n, d = q.shape
+    return (torch.empty(b, h, n, d, device=q.device, dtype=torch.int8),
+            torch.empty(b, h, d, n, device=q.device, dtype=torch.int8) if cols else None,
+            torch.empty(b, h, n, device=q.device, dtype=torch.float32))
+
+
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_kv: int, *,
                  k_mean: torch.Tensor | None, smooth_q: bool, cols: bool, token: bool = False,
-                 tuning: Tuning | None = None):
+                 quantize_q: bool = True, tuning: Tuning | None = None):
     """quantize_blocks of q (block_q; Q-smoothing if smooth_q), k (block_kv; minus k_mean if given)
     and v (the forward's kv tile, validate.key_tile; cols only) in one launch: (q8, q8t, s_q,
     mu_q, k8, k8t, s_k, v8t, s_v), the cols of q and k only if `cols` (the backward's operands), else
@@ -235,7 +248,10 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     quantize_blocks calls, in one launch instead of three (~50 us of host time each on an H200's
     host). Every program takes a tile of max(block_q, block_kv, V's block) rows: with the smaller blocks'
     programs as launched alone (64 rows, 4 warps at d=128), one launch took the register count
-    and warps of the largest and ran 22-57% slower than the three launches together."""
+    and warps of the largest and ran 22-57% slower than the three launches together.
+    quantize_q False (token, no Q-smoothing): K and V only, q8, q8t and s_q are None (the forward fills
+    empty_token_q's)."""
+    assert quantize_q or (token and not smooth_q), "only the token contract without Q-smoothing skips Q"
     b, h, n, d = q.shape
     assert k.shape == v.shape == q.shape, "q, k, v must have one shape"
     assert n % block_q == 0 and n % block_kv == 0, f"sequence length {n} is not a multiple of the blocks"
@@ -255,18 +271,24 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
 
     def f32(*shape):
         return torch.empty(*shape, device=dev, dtype=torch.float32)
-    q8, k8, v8t = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n)
-    q8t, k8t = (i8(b, h, d, n), i8(b, h, d, n)) if cols else (None, None)
-    s_q, s_k = (f32(b, h, n), f32(b, h, n)) if token else (f32(b, h, n // block_q), f32(b, h, n // block_kv))
+    k8, v8t = i8(b, h, n, d), i8(b, h, d, n)
+    k8t = i8(b, h, d, n) if cols else None
+    s_k = f32(b, h, n) if token else f32(b, h, n // block_kv)
     s_v = f32(b, h, n // block_v)
+    if quantize_q:
+        q8, q8t = i8(b, h, n, d), i8(b, h, d, n) if cols else None
+        s_q = f32(b, h, n) if token else f32(b, h, n // block_q)
+    else:
+        q8 = q8t = s_q = None
     mu_q = f32(b, h, n // block_q, d) if smooth_q else None
-    dummy = s_q   # never dereferenced: the matching constexpr flag is off
-    launch("quantize", _quantize_qkv_kernel, (n // tile, b * h, 3),
-        q, k, v, k_mean if k_mean is not None else dummy, q8, q8t if cols else dummy, s_q,
+    dummy = s_v   # never dereferenced: the matching constexpr flag is off (or, SKIP_Q, no program is Q's)
+    launch("quantize", _quantize_qkv_kernel, (n // tile, b * h, 3 if quantize_q else 2),
+        q, k, v, k_mean if k_mean is not None else dummy, dummy if q8 is None else q8,
+        q8t if q8t is not None else dummy, dummy if s_q is None else s_q,
         mu_q if smooth_q else dummy, k8, k8t if cols else dummy, s_k, v8t, s_v,
         *q.stride(), *k.stride(), *v.stride(), h, n,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None,
-        SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, num_warps=_warps(tile, d), tuning=tuning)
+        SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, SKIP_Q=not quantize_q, num_warps=_warps(tile, d), tuning=tuning)
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
 
 

@@ -481,3 +481,18 @@ def test_ptx_digest_ignores_line_information_and_sees_code(tmp_path, capsys):
     assert len(digests) == 20 and "d=64 causal=True smooth_q=False #4 dkdv" in digests
     assert digests == offline.ptx_digests((64,), quant="token")
     assert "#0 quantize" in capsys.readouterr().out
+
+
+def test_ptx_digest_of_instructions_only_ignores_unread_parameters():
+    """--instructions-only: a kernel that gained a parameter it does not read (its other parameters renumbered,
+    their loads reordered, registers renumbered) hashes as before; a changed instruction does not."""
+    ptx = (".entry k(\n\t.param .u64 k_param_0,\n\t.param .u32 k_param_1\n)\n"
+           "\tld.param.b32 %r1, [k_param_1];\n\tld.param.b64 %rd1, [k_param_0];\n\tadd.s32 %r2, %r1, 1;\n")
+    more = (".entry k(\n\t.param .u64 k_param_0,\n\t.param .u64 k_param_1,\n\t.param .u32 k_param_2\n)\n"
+            "\tld.param.b64 %rd3, [k_param_0];\n\tld.param.b32 %r5, [k_param_2];\n\tadd.s32 %r6, %r5, 1;\n")
+    assert offline.ptx_digest(ptx) != offline.ptx_digest(more)
+    assert offline.ptx_digest(ptx, instructions_only=True) == offline.ptx_digest(more, instructions_only=True)
+    assert offline.ptx_digest(ptx, instructions_only=True) != \
+        offline.ptx_digest(more.replace("add.s32", "sub.s32"), instructions_only=True)
+    with pytest.raises(SystemExit):
+        offline.main(["--instructions-only"])

@@ -3,7 +3,7 @@ whether the INT8 dots are Hopper wgmma (no mma.sync fallback).
 
     python -m tools.offline [--head-dim 64 128] [--arch 90] [--kernels CHOICE] [--json PATH]
     python -m tools.offline --loop-mix [--measured docs/measurements/bench-h200.json]
-    python -m tools.offline --ptx-digest [--quant token] --json digests.json   (in each of two trees)
+    python -m tools.offline --ptx-digest [--quant token] [--instructions-only] --json digests.json  (in two trees)
 
 The host code runs on CPU tensors with launches recorded instead of run (a
 ``sagebwd.triton.launch.Tuning`` with ``recorded`` and ``arch="sm90"``: the registry's sm90
@@ -157,15 +157,22 @@ def report(head_dims=(64, 128), arch: int = 90, seq: int = 4096, blocks=(128, 64
     return rows
 
 
-def ptx_digest(ptx: str) -> str:
+def ptx_digest(ptx: str, instructions_only: bool = False) -> str:
     """A hash of the code in `ptx`: line information, debug sections and their labels left out, so that
-    moving code within a file or renaming a helper changes nothing."""
+    moving code within a file or renaming a helper changes nothing. instructions_only: the hash of the
+    instructions as a multiset, parameter declarations left out and registers and parameters renumbered,
+    so that a kernel that gained parameters it does not read (and loads the others in another order)
+    hashes as before, while any other instruction added, removed or changed still shows."""
     debug = re.compile(r"^\s*(\.loc|\.file|//|\.b8|\.b16|\.b32|\.b64|\.section)|L__tmp|debug")
-    return hashlib.sha1("\n".join(line for line in ptx.splitlines() if not debug.search(line)).encode()).hexdigest()[:16]
+    lines = [line for line in ptx.splitlines() if not debug.search(line)]
+    if instructions_only:
+        lines = sorted(re.sub(r"%(rd|rs|r|fd|f|p|h)[0-9]+", r"%\1", re.sub(r"_param_[0-9]+", "_param", line))
+                       for line in lines if not re.match(r"\s*\.param\b", line))
+    return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:16]
 
 
 def ptx_digests(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), kernels="default", quant="block",
-                overrides: dict | None = None, seq: int = 512) -> dict[str, str]:
+                overrides: dict | None = None, seq: int = 512, instructions_only: bool = False) -> dict[str, str]:
     """{"d=.. causal=.. smooth_q=.. #i name": ptx_digest} of every launch of one forward and backward,
     causal or not, with or without Q-smoothing."""
     out = {}
@@ -176,7 +183,7 @@ def ptx_digests(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), kernels="
                                            block_kv=blocks[1], kernels=kernels, quant=quant, overrides=overrides)
                 for i, (name, kernel, args, kwargs) in enumerate(launches):
                     key = f"d={d} causal={causal} smooth_q={smooth_q} #{i} {name}"
-                    out[key] = ptx_digest(compile_recorded(kernel, args, kwargs, arch).asm["ptx"])
+                    out[key] = ptx_digest(compile_recorded(kernel, args, kwargs, arch).asm["ptx"], instructions_only)
     return out
 
 
@@ -256,6 +263,9 @@ def main(argv=None) -> int:
     ap.add_argument("--measured", help="with --loop-mix: a benchmarks.attention --kernel-times JSON for efficiency")
     ap.add_argument("--ptx-digest", action="store_true",
                     help="a hash of each launch's PTX (no line or debug information), to compare two trees")
+    ap.add_argument("--instructions-only", action="store_true",
+                    help="with --ptx-digest: hash each launch's instructions as a multiset, blind to parameters it "
+                         "does not read and to register numbering (for a change that adds kernel parameters)")
     ap.add_argument("--kernels", default="default", metavar="CHOICE",
                     help="which kernels to build (sagebwd.triton.registry: default, triton, fused or PASS=NAME "
                          "items; python -m sagebwd.triton.registry lists them); default: what an H100/H200 runs")
@@ -290,8 +300,11 @@ def main(argv=None) -> int:
         ap.error("--measured goes with --loop-mix")
     if args.ptx_digest and args.loop_mix:
         ap.error("--ptx-digest and --loop-mix are two reports: ask for one")
+    if args.instructions_only and not args.ptx_digest:
+        ap.error("--instructions-only goes with --ptx-digest")
     if args.ptx_digest:
-        digests = ptx_digests(tuple(args.head_dim), args.arch, tuple(args.blocks), args.kernels, args.quant, overrides)
+        digests = ptx_digests(tuple(args.head_dim), args.arch, tuple(args.blocks), args.kernels, args.quant, overrides,
+                              instructions_only=args.instructions_only)
         for key, digest in digests.items():
             print(f"{digest}  {key}")
         if args.json:

@@ -161,9 +161,9 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN, Q, Q8T,
         tl.store(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], x8)
         if WRITE_QT:
             tl.store(Q8T + seq_base + offs_d[:, None] * N + offs_m[None, :], to_k_order(tl.trans(x8)))
-        # Read back below, as without QUANTIZE_Q: Q^ taken from the arithmetic's registers went through shared
-        # memory into the dot in every iteration (ptxas: 2 LDSM and a spill reload more per tile at d=64, 2
-        # spills at d=128); the barrier makes the program's stores visible to all its threads.
+        # Read back below, as without QUANTIZE_Q: taken from the quantisation's registers, Q^ cost the main loop
+        # 12.2 instead of 11.9 SASS per score element at d=64 and spill traffic at d=128 (docs/kernel-notes.md,
+        # "Twelfth session"); the barrier makes the program's stores visible to all its threads.
         tl.debug_barrier()
     q8 = tl.load(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
     # A program may hold part of a q quantisation block (BLOCK_M <= Q_BLOCK): fewer registers, more programs per SM.

@@ -38,9 +38,9 @@ def test_kernels_compile_to_int8_wgmma_and_fit_hopper(head_dim, blocks):
 
 def test_gluon_kernels_compile_with_the_tensor_cores_left_running():
     """The Gluon (Hopper) forward, dK/dV (at d=128 the dV and dK passes) and dQ (d=128) build for
-    sm_90 with this Triton: INT8 dots on wgmma, at least one wait that leaves a wgmma group in flight (the point of writing
-    them: the Triton kernels wait for every dot at once), no more than the registers and shared
-    memory an H100/H200 gives a block."""
+    sm_90 with this Triton: INT8 dots on wgmma, at least one wait that leaves a wgmma group in flight
+    (the point of writing them: the Triton kernels wait for every dot at once), no more than the registers
+    and shared memory an H100/H200 gives a block."""
     rows = offline.report((64, 128), arch=90, seq=1024, kernels="default,forward=gluon")
     gluon = [r for r in rows if "STAGES" in r["constexprs"]]
     assert sorted((r["head_dim"], r["kernel"]) for r in gluon) == [

@@ -62,6 +62,13 @@ def run_benchmark(tree: Path, args: list[str], out_json: Path, module: str, cach
     return json.loads(out_json.read_text())
 
 
+def trainer_row_name(row: dict, attention: bool = True) -> str:
+    """A benchmarks.train_throughput row's name: config, seq x micro-batch, (attention,) compile mode, loss, engine."""
+    who = f" {row['attention']}" if attention else ""
+    return (f"{Path(row['config']).stem} {row['seq_len']}x{row['micro_batch']}{who} compile={row['compile']} "
+            f"loss={row['loss']} engine={row['engine']}")
+
+
 def measurements(result: dict) -> dict[str, float]:
     """{row name: ms} of one benchmark JSON: every kernel of --kernel-times, every timed column of
     the fwd/bwd/fwd+bwd table, every trainer row's step (benchmarks.train_throughput; rows that failed
@@ -69,8 +76,7 @@ def measurements(result: dict) -> dict[str, float]:
     out = {}
     for r in result.get("rows", []):
         if r.get("step_ms") and not r.get("error"):
-            out[f"{Path(r['config']).stem} {r['seq_len']}x{r['micro_batch']} {r['attention']} compile={r['compile']} "
-                f"loss={r['loss']} engine={r['engine']} step"] = r["step_ms"]
+            out[f"{trainer_row_name(r)} step"] = r["step_ms"]
     for r in result.get("kernel_times", []):
         where = f"{r['impl']} {tuple(r['shape'])} {'causal' if r['causal'] else 'full'}"
         for kernel, ms in r["ms"].items():

@@ -126,11 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_before_dashes(parser: argparse.ArgumentParser, argv=None) -> tuple[argparse.Namespace, list[str]]:
+    """The tool's options (before `--`) parsed, and the benchmark's arguments (after it) as given."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    return parser.parse_args(argv[:split]), argv[split + 1:]
+
+
 def main(argv=None) -> int:
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    split = argv.index("--") if "--" in argv else len(argv)   # after it: the benchmark's arguments
-    args, bench_args = parser.parse_args(argv[:split]), argv[split + 1:]
+    args, bench_args = parse_before_dashes(parser, argv)
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: at least 1")
     module, json_flag = BENCHMARKS[args.benchmark]

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.ab import REPO, run_benchmark, trainer_row_name
+from benchmarks.ab import REPO, parse_before_dashes, run_benchmark, trainer_row_name
 from benchmarks.train_throughput import ATTENTIONS
 
 MODULE = "benchmarks.train_throughput"
@@ -93,9 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    split = argv.index("--") if "--" in argv else len(argv)   # after it: the trainer benchmark's arguments
-    args, bench_args = parser.parse_args(argv[:split]), argv[split + 1:]
+    args, bench_args = parse_before_dashes(parser, argv)
     if args.pairs < 2:
         parser.error(f"--pairs {args.pairs}: at least 2 (one pair has no spread to give an error)")
     if args.baseline == args.candidate:

@@ -279,7 +279,7 @@ def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bo
     mu_q (B,H,N/block_q,D), k (the unquantised K, any strides) and k_mean (B*H,D) are needed
     only with Q-smoothing (mu_q not None), for the bias mu_i . K_sm^T. quant: the contract; with
     "token", s_q and s_k are per token (B,H,N). q (token, no Q-smoothing): Q itself, which the kernel
-    quantises into q8, s_q and q8t (quantize.empty_token_q's buffers; q8t None for inference).
+    quantises into q8, s_q and q8t (quantize_qkv's, left unwritten with quantize_q=False; q8t None for inference).
     """
     arch = arch_for(q8.device, tuning)
     kernel = registry.resolve(arch, q8.shape[-1], "forward", quant, kernels, block_q=block_q, block_kv=block_kv,

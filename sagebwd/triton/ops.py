@@ -58,8 +58,6 @@ def _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
     q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v = _quant.quantize_qkv(q, k, v, block_q, block_kv, k_mean=k_mean,
                                                                      smooth_q=smooth_q, cols=for_backward, token=token,
                                                                      quantize_q=not q_in_forward, tuning=tuning)
-    if q_in_forward:
-        q8, q8t, s_q = _quant.empty_token_q(q, cols=for_backward)
     o, lse = _fwd.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=q.dtype, causal=causal, smooth_k=smooth_k,
                           mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv, layout_of=q,
                           kernels=kernels, quant=_quant_name(token), q=q if q_in_forward else None,

@@ -229,15 +229,6 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
     return out_rows, out_cols, scale, block_mean
 
 
-def empty_token_q(q: torch.Tensor, cols: bool):
-    """(q8, q8t or None, s_q) for the token forward to fill (forward.run with q): Q^ in rows and, for the
-    backward, in cols, as quantize_qkv writes them, and the per-token scales (B,H,N)."""
-    b, h, n, d = q.shape
-    return (torch.empty(b, h, n, d, device=q.device, dtype=torch.int8),
-            torch.empty(b, h, d, n, device=q.device, dtype=torch.int8) if cols else None,
-            torch.empty(b, h, n, device=q.device, dtype=torch.float32))
-
-
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_kv: int, *,
                  k_mean: torch.Tensor | None, smooth_q: bool, cols: bool, token: bool = False,
                  quantize_q: bool = True, tuning: Tuning | None = None):
@@ -249,8 +240,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     host). Every program takes a tile of max(block_q, block_kv, V's block) rows: with the smaller blocks'
     programs as launched alone (64 rows, 4 warps at d=128), one launch took the register count
     and warps of the largest and ran 22-57% slower than the three launches together.
-    quantize_q False (token, no Q-smoothing): K and V only, q8, q8t and s_q are None (the forward fills
-    empty_token_q's)."""
+    quantize_q False (token, no Q-smoothing): K and V only; q8, q8t and s_q are returned unwritten, for the
+    token forward to fill (forward.run with q)."""
     assert quantize_q or (token and not smooth_q), "only the token contract without Q-smoothing skips Q"
     b, h, n, d = q.shape
     assert k.shape == v.shape == q.shape, "q, k, v must have one shape"
@@ -275,16 +266,12 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     k8t = i8(b, h, d, n) if cols else None
     s_k = f32(b, h, n) if token else f32(b, h, n // block_kv)
     s_v = f32(b, h, n // block_v)
-    if quantize_q:
-        q8, q8t = i8(b, h, n, d), i8(b, h, d, n) if cols else None
-        s_q = f32(b, h, n) if token else f32(b, h, n // block_q)
-    else:
-        q8 = q8t = s_q = None
+    q8, q8t = i8(b, h, n, d), i8(b, h, d, n) if cols else None
+    s_q = f32(b, h, n) if token else f32(b, h, n // block_q)
     mu_q = f32(b, h, n // block_q, d) if smooth_q else None
-    dummy = s_v   # never dereferenced: the matching constexpr flag is off (or, SKIP_Q, no program is Q's)
+    dummy = s_v   # never dereferenced: the matching constexpr flag is off
     launch("quantize", _quantize_qkv_kernel, (n // tile, b * h, 3 if quantize_q else 2),
-        q, k, v, k_mean if k_mean is not None else dummy, dummy if q8 is None else q8,
-        q8t if q8t is not None else dummy, dummy if s_q is None else s_q,
+        q, k, v, k_mean if k_mean is not None else dummy, q8, q8t if cols else dummy, s_q,
         mu_q if smooth_q else dummy, k8, k8t if cols else dummy, s_k, v8t, s_v,
         *q.stride(), *k.stride(), *v.stride(), h, n,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None,

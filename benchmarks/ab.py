@@ -70,7 +70,7 @@ def trainer_row_name(row: dict, attention: bool = True) -> str:
 
 
 def measurements(result: dict) -> dict[str, float]:
-    """{row name: ms} of one benchmark JSON: every kernel of --kernel-times, every timed column of
+    """{row name: ms} of one benchmark JSON: every kernel of --kernel-times and their sum, every timed column of
     the fwd/bwd/fwd+bwd table, every trainer row's step (benchmarks.train_throughput; rows that failed
     are left out)."""
     out = {}
@@ -81,6 +81,7 @@ def measurements(result: dict) -> dict[str, float]:
         where = f"{r['impl']} {tuple(r['shape'])} {'causal' if r['causal'] else 'full'}"
         for kernel, ms in r["ms"].items():
             out[f"{where} {kernel}"] = ms
+        out[f"{where} all kernels"] = sum(r["ms"].values())   # comparable where a change renames or merges kernels
     for r in result.get("bench", []):
         where = f"{tuple(r['shape'])} {'causal' if r['causal'] else 'full'} {r['mode']}"
         for impl, cell in r.items():

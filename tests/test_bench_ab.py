@@ -53,6 +53,8 @@ def test_alternates_the_trees_and_reports_heads_change(tmp_path, capsys):
     dkdv = rows["sage-token (8, 16, 4096, 64) causal _dkdv_ws_kernel"]
     assert dkdv["base"] == [1.2, 1.2] and dkdv["change"] == pytest.approx(-0.1)
     assert rows["sage-token (8, 16, 4096, 64) causal _dq_kernel"]["change"] == pytest.approx(0.0)
+    assert rows["sage-token (8, 16, 4096, 64) causal all kernels"]["base"] == [pytest.approx(2.2)] * 2
+    assert rows["sage-token (8, 16, 4096, 64) causal all kernels"]["change"] == pytest.approx(-0.12 / 2.2)
     assert rows["sage-token (8, 16, 4096, 64) causal fwd+bwd"]["change"] == pytest.approx(-0.1)
     assert "CUDNN (8, 16, 4096, 64) causal fwd+bwd" in rows and not any(n.startswith("FA4") for n in rows)
     assert "| sage-token (8, 16, 4096, 64) causal _dkdv_ws_kernel | 1.200, 1.200 | 1.080, 1.080 | -10.0% |" in printed

@@ -24,7 +24,6 @@ def test_cpu_profile_reports_the_launches_and_stages(tmp_path, capsys, quant):
     assert report["device"].startswith("cpu") and report["host_ms_per_call"] > 0
     stages = report["stages_ms"]
     assert stages["backward (preprocess + dQ + dK/dV)"] > stages["TMA descriptors (Gluon)"] > 0
-    assert stages["K mean"] == 0   # stubbed on the CPU: not this path's cost
     assert len(report["top"]) == 5
     # the autograd paths with Triton's launcher stubbed: eager, the custom ops, and compiled (aot_eager)
     assert len(report["breakdown_ms"]) == 3 and all(ms > 0 for ms in report["breakdown_ms"].values())

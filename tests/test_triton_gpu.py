@@ -42,6 +42,36 @@ def test_sequence_mean_kernel_matches_torch(shape):
     assert all(torch.equal(mean, quantize.sequence_mean(k)) for _ in range(5)), "reruns differ: a race"
 
 
+@pytest.mark.parametrize("shape,token", [((4, 12, 4096, 64), True), ((8, 16, 4096, 64), False),
+                                         ((1, 3, 16384, 128), True), ((2, 8, 4096, 128), False)])
+@pytest.mark.parametrize("lag", [0, None])
+def test_k_mean_in_the_quantise_launch(shape, token, lag):
+    """K's mean taken inside the quantise launch (quantize._quantize_qkv_with_mean: programs take tickets and K's
+    tiles wait for their head's mean): the mean is PyTorch's to fp32 rounding, Q^, K^, V^ and their scales are
+    quantize_qkv's with that mean bit for bit, and reruns give the same bits (a K tile that read its mean early
+    would differ), in the model's layout, with K tiles right after their head's mean (lag 0) or the default lag."""
+    from sagebwd.triton import quantize
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    b, h, n, d = shape
+    q, k, v = [(torch.randn(b, n, h, d, device="cuda", generator=gen) * 2 + 3).bfloat16().transpose(1, 2)
+               for _ in range(3)]
+    quantize_q = not token   # the token forward quantises Q itself
+    out = quantize._quantize_qkv_with_mean(q, k, v, 128, 64, smooth_q=False, cols=True, token=token,
+                                           quantize_q=quantize_q, lag=lag)
+    torch.testing.assert_close(out[9], k.mean(dim=2, dtype=torch.float32).reshape(b * h, d), rtol=2e-6, atol=1e-6)
+    ref = quantize.quantize_qkv(q, k, v, 128, 64, k_mean=out[9], smooth_q=False, cols=True, token=token,
+                                quantize_q=quantize_q)
+    written = range(9) if quantize_q else (4, 5, 6, 7, 8)
+    for i in written:
+        if ref[i] is not None:
+            assert torch.equal(out[i], ref[i]), f"output {i} differs from quantize_qkv's with the same mean"
+    for _ in range(3):
+        again = quantize._quantize_qkv_with_mean(q, k, v, 128, 64, smooth_q=False, cols=True, token=token,
+                                                 quantize_q=quantize_q, lag=lag)
+        assert all(torch.equal(out[i], again[i]) for i in (*written, 9)), "reruns differ: a race"
+
+
 def test_compiled_model_matches_eager():
     from sagebwd.triton import attention
 

@@ -345,6 +345,43 @@ def _token_fallback_case() -> dict:
     return {"name": "token_fallback", "equal": all(bool(torch.equal(a, b)) for a, b in zip(given, computed))}
 
 
+def _mean_in_quantise_launch_case() -> dict:
+    """K's mean taken inside the quantise launch (quantize._quantize_qkv_with_mean, the GPU's path): the mean
+    has the mean kernel's bits (one reduction, _mean_chunk) and Q^, K^, V^ and their scales are quantize_qkv's
+    with that mean, bit for bit: both contracts, d=64 and 128, strided inputs, Q-smoothing, Q left to the token
+    forward, block_q != block_kv, a sequence that is several mean chunks, and K tiles right after their head's
+    mean (lag 0) or rounds later. The op records one quantise launch and no mean launch on the GPU's path."""
+    import torch
+    from sagebwd.triton import ops
+    from sagebwd.triton import quantize as kq
+    from sagebwd.triton.launch import Tuning
+
+    gen = torch.Generator().manual_seed(23)
+    equal, mean_equal = True, True
+    for shape, token, smooth_q, quantize_q, blocks in [((1, 256, 2, 64), True, False, False, (128, 64)),
+                                                       ((2, 384, 3, 128), True, False, False, (128, 64)),
+                                                       ((1, 256, 2, 64), False, True, True, (128, 64)),
+                                                       ((1, 256, 2, 64), True, True, True, (128, 64)),
+                                                       ((1, 512, 1, 64), False, False, True, (64, 128))]:
+        q, k, v = [(torch.randn(*shape, generator=gen) * 3 + torch.randn(shape[-1], generator=gen) * 5).half()
+                   .transpose(1, 2) for _ in range(3)]   # (B, H, N, D) views of (B, N, H, D), a channel offset
+        for lag in (0, 2):
+            out = kq._quantize_qkv_with_mean(q, k, v, *blocks, smooth_q=smooth_q, cols=True, token=token,
+                                             quantize_q=quantize_q, lag=lag)
+            mean_equal = mean_equal and bool(torch.equal(out[9], kq._sequence_mean(k)))
+            ref = kq.quantize_qkv(q, k, v, *blocks, k_mean=out[9], smooth_q=smooth_q, cols=True, token=token,
+                                  quantize_q=quantize_q)
+            written = range(9) if quantize_q else (3, 4, 5, 6, 7, 8)   # without Q: its buffers are left unwritten
+            equal = equal and all((out[i] is None and ref[i] is None) or bool(torch.equal(out[i], ref[i]))
+                                  for i in written)
+    recorded = Tuning(recorded=[])
+    q, k, v = [torch.randn(1, 2, 256, 64, generator=gen).half() for _ in range(3)]
+    ops._forward_impl(q, k, v, True, True, False, 128, 64, True, True, "default", recorded)
+    names = [name for name, *_ in recorded.recorded]
+    return {"name": "mean_in_quantise_launch", "equal": equal, "mean_equal": mean_equal,
+            "one_launch": names.count("quantize") == 1 and "sequence_mean" not in names}
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run through the tests (they set TRITON_INTERPRET=1)"
     for case in CASES:
@@ -355,6 +392,7 @@ def main() -> None:
     print(json.dumps(_token_q_in_forward_case()), flush=True)
     print(json.dumps(_e4m3_case()), flush=True)
     print(json.dumps(_sequence_mean_case()), flush=True)
+    print(json.dumps(_mean_in_quantise_launch_case()), flush=True)
     print(json.dumps(_dq_add_bench_case()), flush=True)
     print(json.dumps(_token_fallback_case()), flush=True)
     print(json.dumps(_compile_case()), flush=True)
@@ -441,6 +479,15 @@ def test_sequence_mean_kernel_is_the_mean(results):
     r = results["sequence_mean"]
     assert r["max_rel_error"] < 1e-6, r
     assert r["repeats"], "two runs of the mean kernel gave different bits"
+
+
+def test_k_mean_in_the_quantise_launch_is_the_mean_kernels(results):
+    """On the GPU's path K's mean is taken inside the quantise launch (its programs take tickets, and K's tiles
+    wait for their head's mean): the same mean and the same Q^, K^, V^ as the mean kernel and quantize_qkv."""
+    r = results["mean_in_quantise_launch"]
+    assert r["mean_equal"], "the mean taken in the quantise launch differs from the mean kernel's"
+    assert r["equal"], "Q^, K^ or V^ from the one launch differ from quantize_qkv's with the same mean"
+    assert r["one_launch"], "the op still launches a separate mean kernel on the GPU's path"
 
 
 def test_dq_add_bench_times_the_ops_token_dkdv(results):

@@ -166,7 +166,9 @@ _SHAPE_ERRORS = [
 
 
 @pytest.mark.parametrize("module,argv,message", [("forward_tiles", *e) for e in _SHAPE_ERRORS] + [
-    ("sections", *e) for e in _SHAPE_ERRORS] + [
+    ("sections", *e) for e in _SHAPE_ERRORS] + [("prepass", *e) for e in _SHAPE_ERRORS] + [
+    ("prepass", ["--lags", "-1"], "--lags must be >= 0"),
+    ("prepass", ["--quant", "int4"], "invalid choice: 'int4'"),
     ("sections", ["--budgets-mib", "16", "0"], "each budget is a positive number of MiB"),
     ("sections", ["--rounds", "0"], "--rounds 0: at least 1"),
 ])
@@ -179,7 +181,7 @@ def test_token_forward_benchmarks_reject_bad_arguments_before_looking_for_a_gpu(
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["forward_tiles", "sections"])
+@pytest.mark.parametrize("module", ["forward_tiles", "sections", "prepass"])
 def test_token_forward_benchmarks_say_they_need_a_gpu(module, monkeypatch, capsys):
     import importlib
 

@@ -21,8 +21,8 @@ the TMA descriptors (launch_costs).
 Without a GPU: the same op path with the sm90 kernels chosen and every launch recorded instead of
 run (tools.offline.recorded_fwd_bwd: Tuning(recorded=..., arch="sm90")), so it
 profiles this project's own Python up to the launches (kernel choice, allocations, descriptors,
-launch arguments) but not Triton's launcher, the driver or autograd; the K mean (a GPU kernel
-there, a slow bf16 reduction on a CPU) is computed once and handed back, so it is not in the times.
+launch arguments) but not Triton's launcher, the driver or autograd (K's mean is taken inside the quantise
+launch, as on the GPU).
 Beside it the CPU mode times the autograd paths with Triton's launcher stubbed (cpu_breakdown): the
 eager autograd.Function, the registered custom ops, and torch.compile (aot_eager) of the op, whose
 differences are the custom ops' dispatch and the compiled wrappers' host time.
@@ -45,7 +45,6 @@ STAGES = {
     "backward (preprocess + dQ + dK/dV)": ("sagebwd/triton/ops.py", "_backward_impl"),
     "TMA descriptors (Gluon)": ("sagebwd/triton/hopper.py", "desc"),
     "kernel launches": ("sagebwd/triton/launch.py", "launch"),
-    "K mean": ("sagebwd/triton/quantize.py", "sequence_mean"),   # stubbed on the CPU
 }
 
 
@@ -205,10 +204,10 @@ def busy_breakdown(shape, quant: str, calls: int, busy_ms: float) -> dict[str, f
 def cpu_breakdown(shape, quant: str, calls: int) -> dict[str, float]:
     """CPU: host ms per causal fwd+bwd (_fwd_bwd: the gradients dropped) of the op's autograd paths,
     with the sm90 kernels chosen and Triton's launcher stubbed out (JITFunction.run does nothing, so each
-    launch computes its signature and goes to the stub, as a signature's first launch would; the K mean is
-    computed once): the eager autograd.Function, the registered custom ops (what torch.compile's graph
-    calls), and those under torch.compile with the aot_eager backend (AOTAutograd's runtime wrappers,
-    no code generation). Their differences are the custom ops' dispatch and the compiled wrappers'."""
+    launch computes its signature and goes to the stub, as a signature's first launch would; K's mean is
+    taken inside the quantise launch, as on a GPU): the eager autograd.Function, the registered custom ops
+    (what torch.compile's graph calls), and those under torch.compile with the aot_eager backend
+    (AOTAutograd's runtime wrappers, no code generation). Their differences are the custom ops' dispatch and the compiled wrappers'."""
     from triton.runtime.jit import JITFunction
 
     from benchmarks.attention import host_ms
@@ -216,7 +215,6 @@ def cpu_breakdown(shape, quant: str, calls: int) -> dict[str, float]:
     from sagebwd.triton import ops, quantize, registry
     q, k, v, do = [torch.randn(*shape).to(torch.bfloat16) for _ in range(4)]
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    k_mean = quantize.sequence_mean(k.detach())
     token = quant == "token"
     eager = lambda q, k, v: eager_op(q, k, v, True, True, False, 128, 64, quant)   # noqa: E731
     paths = {"eager path (autograd.Function)": eager,
@@ -227,7 +225,7 @@ def cpu_breakdown(shape, quant: str, calls: int) -> dict[str, float]:
     with mock.patch.object(JITFunction, "run", lambda self, *args, **kwargs: None), \
             mock.patch.object(torch.cuda, "current_device", lambda: 0), \
             mock.patch.object(registry, "arch_of", lambda device: "sm90"), \
-            mock.patch.object(quantize, "sequence_mean", lambda _: k_mean):
+            mock.patch.object(quantize, "mean_in_quantise_launch", lambda k, tuning: True):
         # the least of five means: the host's other load only adds
         return {name: host_ms(_fwd_bwd(attention, q, k, v, do), n=calls, repeats=5)
                 for name, attention in paths.items()}
@@ -235,14 +233,11 @@ def cpu_breakdown(shape, quant: str, calls: int) -> dict[str, float]:
 
 def call_recorded(shape, quant: str):
     """The op's own path on the CPU, its sm90 launches recorded instead of run (tools.offline's way)."""
-    from sagebwd.triton import quantize
     from tools.offline import recorded_fwd_bwd
     q, k, v, do = [torch.randn(*shape).to(torch.bfloat16) for _ in range(4)]
-    k_mean = quantize.sequence_mean(k)
 
     def call():
-        with mock.patch.object(quantize, "sequence_mean", lambda _: k_mean):
-            return [name for name, *_ in recorded_fwd_bwd(q, k, v, do, quant=quant)]
+        return [name for name, *_ in recorded_fwd_bwd(q, k, v, do, quant=quant)]
     return call
 
 
@@ -281,7 +276,7 @@ def profile(shape, quant: str, calls: int, top: int, busy_ms: float = 0.0) -> di
         torch.cuda.synchronize()
     stats = pstats.Stats(profiler)
     stages = stage_ms(stats, calls)
-    return {"device": torch.cuda.get_device_name() if gpu else "cpu (launches recorded, not run; K mean stubbed)",
+    return {"device": torch.cuda.get_device_name() if gpu else "cpu (launches recorded, not run)",
             "shape": list(shape), "quant": quant, "calls": calls, "host_ms_per_call": host,
             "launches": launches, "stages_ms": stages, "top": top_functions(stats, calls, top),
             "breakdown_ms": breakdown(shape, quant, calls) if gpu else cpu_breakdown(shape, quant, calls),

@@ -51,13 +51,17 @@ def _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
     token: the "token" contract (s_q, s_k per token); kernels: the registry's choice
     (sagebwd.triton.registry); tuning: a tool's hooks (launch.Tuning)."""
     _check(q, k, v, block_q, block_kv)
-    k_mean = _quant.sequence_mean(k) if smooth_k else None
     # The token contract without Q-smoothing: the forward kernel quantises Q (per token: nothing beyond each
     # row), so the quantise pass moves K and V only (docs/kernel-notes.md, "Twelfth session").
     q_in_forward = token and not smooth_q
-    q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v = _quant.quantize_qkv(q, k, v, block_q, block_kv, k_mean=k_mean,
-                                                                     smooth_q=smooth_q, cols=for_backward, token=token,
-                                                                     quantize_q=not q_in_forward, tuning=tuning)
+    options = dict(smooth_q=smooth_q, cols=for_backward, token=token, quantize_q=not q_in_forward, tuning=tuning)
+    if smooth_k:   # K's mean is taken in the quantise launch on a GPU (quantize_smoothed_qkv)
+        q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v, k_mean = _quant.quantize_smoothed_qkv(q, k, v, block_q, block_kv,
+                                                                                         **options)
+    else:
+        k_mean = None
+        q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v = _quant.quantize_qkv(q, k, v, block_q, block_kv, k_mean=None,
+                                                                         **options)
     o, lse = _fwd.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=q.dtype, causal=causal, smooth_k=smooth_k,
                           mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv, layout_of=q,
                           kernels=kernels, quant=_quant_name(token), q=q if q_in_forward else None,

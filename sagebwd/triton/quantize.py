@@ -26,17 +26,21 @@ from .launch import Tuning, launch
 def _quantize_tile(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, stride_n, stride_d, H, N, tile, bh,
                    TILE: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SUBTRACT_MEAN: tl.constexpr,
                    SMOOTH_BLOCK: tl.constexpr, WRITE_ROWS: tl.constexpr, WRITE_COLS: tl.constexpr,
-                   TOKEN: tl.constexpr = False):
+                   TOKEN: tl.constexpr = False, MEAN_FROM_L2: tl.constexpr = False):
     """Quantise rows tile*TILE .. of X[b, h] (after optional smoothing): TILE / BLOCK blocks, each
     with its own scale (one launch can then quantise tensors of different blocks in tiles of one
-    size: quantize_qkv), or with TOKEN one scale per row."""
+    size: quantize_qkv), or with TOKEN one scale per row. MEAN_FROM_L2: MEAN was written by another
+    program of this launch, so it is read past the SM's L1 (which is not coherent)."""
     S: tl.constexpr = TILE // BLOCK
     offs_n = tile * TILE + tl.arange(0, TILE)
     offs_d = tl.arange(0, HEAD_DIM)
     base = X + (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
     x = tl.load(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d).to(tl.float32)
     if SUBTRACT_MEAN:   # K-smoothing: K - mean over the whole sequence
-        x -= tl.load(MEAN + bh * HEAD_DIM + offs_d)[None, :]
+        if MEAN_FROM_L2:
+            x -= tl.load(MEAN + bh * HEAD_DIM + offs_d, cache_modifier=".cg")[None, :]
+        else:
+            x -= tl.load(MEAN + bh * HEAD_DIM + offs_d)[None, :]
     if SMOOTH_BLOCK:    # Q-smoothing: Q_i - mean of block i; the mean is kept for the bias terms
         tl.static_assert(S == 1, "Q-smoothing takes one block per tile")
         mu = tl.sum(x, axis=0) * (1.0 / BLOCK)   # BLOCK is a power of two: exact division
@@ -70,6 +74,68 @@ def _quantize_blocks_kernel(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN,
 
 
 @triton.jit
+def _mean_chunk(X, PARTIAL, ARRIVED, MEAN, stride_b, stride_h, stride_n, stride_d, H, N, bh, c, chunks,
+                ROWS: tl.constexpr, STEP: tl.constexpr, CHUNKS_P2: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Chunk c of head bh's sequence mean: sums rows c*ROWS.. of X[b, h] into PARTIAL[bh, c] (fp32, STEP rows
+    at a time); the head's last chunk to arrive (ARRIVED[bh], zeroed by the caller) adds the partial sums in
+    chunk order, whichever chunk it is, and writes their mean: the same bits whatever the order. Returns
+    whether this chunk was the last."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    base = X + (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
+    total = tl.zeros([HEAD_DIM], tl.float32)
+    for step in tl.static_range(ROWS // STEP):
+        offs_n = c * ROWS + step * STEP + tl.arange(0, STEP)
+        x = tl.load(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d, mask=(offs_n < N)[:, None],
+                    other=0.0)
+        total += tl.sum(x.to(tl.float32), axis=0)
+    tl.store(PARTIAL + (bh * chunks + c) * HEAD_DIM + offs_d, total)
+    tl.debug_barrier()   # every thread's partial is stored before the (releasing) arrive
+    last = tl.atomic_add(ARRIVED + bh, 1, sem="acq_rel") == chunks - 1
+    if last:
+        tl.debug_barrier()
+        offs_c = tl.arange(0, CHUNKS_P2)
+        partial = tl.load(PARTIAL + (bh * chunks + offs_c[:, None]) * HEAD_DIM + offs_d[None, :],
+                          mask=(offs_c < chunks)[:, None], other=0.0, cache_modifier=".cg")
+        tl.store(MEAN + bh * HEAD_DIM + offs_d, tl.sum(partial, axis=0) / N)
+    return last
+
+
+@triton.jit
+def _sequence_mean_kernel(X, PARTIAL, ARRIVED, MEAN, stride_b, stride_h, stride_n, stride_d, H, N,
+                          ROWS: tl.constexpr, STEP: tl.constexpr, CHUNKS_P2: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Program (bh, c) is chunk c of head bh's mean (_mean_chunk): deterministic, in one launch."""
+    _mean_chunk(X, PARTIAL, ARRIVED, MEAN, stride_b, stride_h, stride_n, stride_d, H, N,
+                tl.program_id(0),   # heads on the grid's first axis, which has no 65535 limit
+                tl.program_id(1), tl.num_programs(1), ROWS, STEP, CHUNKS_P2, HEAD_DIM)
+
+
+@triton.jit
+def _q_tile(Q, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N, tile, bh,
+            TILE: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_Q: tl.constexpr,
+            COLS: tl.constexpr, TOKEN: tl.constexpr):
+    """Q^ of one tile in rows (and cols for the backward); Q-smoothing's block mean needs TILE == BLOCK_Q."""
+    _quantize_tile(Q, SQ, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N,
+                   tile, bh, TILE, BLOCK_Q, HEAD_DIM, False, SMOOTH_Q, True, COLS, TOKEN)
+
+
+@triton.jit
+def _k_tile(K, K_MEAN, K_ROWS, K_COLS, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N, tile, bh,
+            TILE: tl.constexpr, BLOCK_KV: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr,
+            COLS: tl.constexpr, TOKEN: tl.constexpr, MEAN_FROM_L2: tl.constexpr = False):
+    """K^ of one tile in rows (and cols), after K-smoothing."""
+    _quantize_tile(K, K_MEAN, K_ROWS, K_COLS, SK, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N,
+                   tile, bh, TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, False, True, COLS, TOKEN, MEAN_FROM_L2)
+
+
+@triton.jit
+def _v_tile(V, V_COLS, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N, tile, bh,
+            TILE: tl.constexpr, BLOCK_V: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """V^ of one tile in cols only, per BLOCK_V rows (the forward's kv tile)."""
+    _quantize_tile(V, SV, SV, V_COLS, SV, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N,
+                   tile, bh, TILE, BLOCK_V, HEAD_DIM, False, False, False, True)
+
+
+@triton.jit
 def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_COLS, SK, V_COLS, SV,
                          stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                          stride_vb, stride_vh, stride_vn, stride_vd, H, N,
@@ -87,15 +153,65 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
         k_program = which == 0
     else:
         k_program = which == 1
-    if not SKIP_Q and which == 0:   # Q-smoothing's block mean needs TILE == BLOCK_Q (quantize_qkv)
-        _quantize_tile(Q, SQ, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N,
-                       tile, bh, TILE, BLOCK_Q, HEAD_DIM, False, SMOOTH_Q, True, COLS, TOKEN)
+    if not SKIP_Q and which == 0:
+        _q_tile(Q, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N, tile, bh,
+                TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS, TOKEN)
     elif k_program:
-        _quantize_tile(K, K_MEAN, K_ROWS, K_COLS, SK, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N,
-                       tile, bh, TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, False, True, COLS, TOKEN)
+        _k_tile(K, K_MEAN, K_ROWS, K_COLS, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N, tile, bh,
+                TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, COLS, TOKEN)
     else:
-        _quantize_tile(V, SV, SV, V_COLS, SV, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N,
-                       tile, bh, TILE, BLOCK_V, HEAD_DIM, False, False, False, True)
+        _v_tile(V, V_COLS, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N, tile, bh, TILE, BLOCK_V, HEAD_DIM)
+
+
+@triton.jit
+def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_COLS, SK, V_COLS, SV, PARTIAL,
+                              COUNTERS, stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn,
+                              stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, H, N, BH, CHUNKS, LAG,
+                              TILE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
+                              BLOCK_V: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_Q: tl.constexpr,
+                              COLS: tl.constexpr, TOKEN: tl.constexpr, SKIP_Q: tl.constexpr,
+                              MEAN_ROWS: tl.constexpr, MEAN_STEP: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """_quantize_qkv_kernel with K-smoothing's mean (_mean_chunk) in the same launch.
+
+    Every program takes a ticket (an atomic counter, COUNTERS[0]): tickets are handed out in the order programs
+    start, so a program that waits only for lower tickets waits for programs that are running or done. Work
+    goes in rounds of one head r: its mean's CHUNKS chunks, its Q and V tiles, then the K tiles of head r - LAG,
+    which wait until that head's mean is written (the flag COUNTERS[1 + BH + bh], set by its last chunk;
+    COUNTERS[1 + bh] counts its arrived chunks). The chunks wait for nothing, so no wait can deadlock, however
+    many programs the GPU holds at once. LAG rounds of other work keep the K tiles from waiting, and K is then
+    still in L2 from its chunks' reads. The last LAG rounds hold K tiles only (their other programs exit)."""
+    ticket = tl.atomic_add(COUNTERS, 1, sem="relaxed")
+    tiles = N // TILE
+    if SKIP_Q:
+        qv = tiles
+    else:
+        qv = 2 * tiles
+    per_round = CHUNKS + qv + tiles
+    r = ticket // per_round
+    slot = ticket - r * per_round
+    if slot < CHUNKS:
+        if r < BH:
+            if _mean_chunk(K, PARTIAL, COUNTERS + 1, K_MEAN, stride_kb, stride_kh, stride_kn, stride_kd, H, N, r,
+                           slot, CHUNKS, MEAN_ROWS, MEAN_STEP, CHUNKS_P2, HEAD_DIM):
+                tl.debug_barrier()   # the mean is stored by every thread before the flag's release
+                tl.atomic_xchg(COUNTERS + 1 + BH + r, 1, sem="release")
+    elif slot < CHUNKS + qv:
+        if r < BH:
+            j = slot - CHUNKS
+            if not SKIP_Q and j < tiles:
+                _q_tile(Q, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N, j, r,
+                        TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS, TOKEN)
+            else:
+                _v_tile(V, V_COLS, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N, j % tiles, r, TILE,
+                        BLOCK_V, HEAD_DIM)
+    else:
+        bh = r - LAG
+        if bh >= 0:
+            ready = tl.atomic_add(COUNTERS + 1 + BH + bh, 0, sem="acquire")
+            while ready == 0:
+                ready = tl.atomic_add(COUNTERS + 1 + BH + bh, 0, sem="acquire")
+            _k_tile(K, K_MEAN, K_ROWS, K_COLS, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N,
+                    slot - CHUNKS - qv, bh, TILE, BLOCK_KV, HEAD_DIM, True, COLS, TOKEN, True)
 
 
 @triton.jit
@@ -141,33 +257,6 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, D
 
 def _warps(block: int, head_dim: int) -> int:
     return 1 if interpreting() else (8 if block * head_dim >= 128 * 128 else 4)
-
-
-@triton.jit
-def _sequence_mean_kernel(X, PARTIAL, ARRIVED, MEAN, stride_b, stride_h, stride_n, stride_d, H, N,
-                          ROWS: tl.constexpr, STEP: tl.constexpr, CHUNKS_P2: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Program (bh, c) sums rows c*ROWS.. of X[b, h] into PARTIAL[bh, c] (fp32, STEP rows at a time);
-    the head's last program to arrive (ARRIVED[bh], zeroed by the caller) adds the partial sums in
-    chunk order, whichever program it is, and writes their mean: deterministic, in one launch."""
-    bh = tl.program_id(0)   # heads on the grid's first axis, which has no 65535 limit
-    c = tl.program_id(1)
-    chunks = tl.num_programs(1)
-    offs_d = tl.arange(0, HEAD_DIM)
-    base = X + (bh // H).to(tl.int64) * stride_b + (bh % H).to(tl.int64) * stride_h
-    total = tl.zeros([HEAD_DIM], tl.float32)
-    for step in tl.static_range(ROWS // STEP):
-        offs_n = c * ROWS + step * STEP + tl.arange(0, STEP)
-        x = tl.load(base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d, mask=(offs_n < N)[:, None],
-                    other=0.0)
-        total += tl.sum(x.to(tl.float32), axis=0)
-    tl.store(PARTIAL + (bh * chunks + c) * HEAD_DIM + offs_d, total)
-    tl.debug_barrier()   # every thread's partial is stored before the (releasing) arrive
-    if tl.atomic_add(ARRIVED + bh, 1, sem="acq_rel") == chunks - 1:
-        tl.debug_barrier()
-        offs_c = tl.arange(0, CHUNKS_P2)
-        partial = tl.load(PARTIAL + (bh * chunks + offs_c[:, None]) * HEAD_DIM + offs_d[None, :],
-                          mask=(offs_c < chunks)[:, None], other=0.0, cache_modifier=".cg")
-        tl.store(MEAN + bh * HEAD_DIM + offs_d, tl.sum(partial, axis=0) / N)
 
 
 MEAN_STEP_ELEMENTS = 8192   # what a program of the K mean loads at a time: 128 rows at d=64, 64 at d=128
@@ -255,6 +344,22 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
         k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=cols, token=token, tuning=tuning)
         _, v8t, s_v, _ = quantize_blocks(v, block_v, rows=False, cols=True, tuning=tuning)
         return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
+    outputs = _qkv_outputs(q, block_q, block_kv, block_v, smooth_q=smooth_q, cols=cols, token=token)
+    q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v = outputs
+    dummy = s_v   # never dereferenced: the matching constexpr flag is off
+    launch("quantize", _quantize_qkv_kernel, (n // tile, b * h, 3 if quantize_q else 2),
+        q, k, v, k_mean if k_mean is not None else dummy, q8, q8t if cols else dummy, s_q,
+        mu_q if smooth_q else dummy, k8, k8t if cols else dummy, s_k, v8t, s_v,
+        *q.stride(), *k.stride(), *v.stride(), h, n,
+        TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None,
+        SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, SKIP_Q=not quantize_q, num_warps=_warps(tile, d), tuning=tuning)
+    return outputs
+
+
+def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, smooth_q: bool, cols: bool,
+                 token: bool) -> tuple:
+    """quantize_qkv's outputs, allocated: (q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v)."""
+    b, h, n, d = q.shape
     dev = q.device
 
     def i8(*shape):
@@ -269,14 +374,67 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     q8, q8t = i8(b, h, n, d), i8(b, h, d, n) if cols else None
     s_q = f32(b, h, n) if token else f32(b, h, n // block_q)
     mu_q = f32(b, h, n // block_q, d) if smooth_q else None
-    dummy = s_v   # never dereferenced: the matching constexpr flag is off
-    launch("quantize", _quantize_qkv_kernel, (n // tile, b * h, 3 if quantize_q else 2),
-        q, k, v, k_mean if k_mean is not None else dummy, q8, q8t if cols else dummy, s_q,
-        mu_q if smooth_q else dummy, k8, k8t if cols else dummy, s_k, v8t, s_v,
-        *q.stride(), *k.stride(), *v.stride(), h, n,
-        TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None,
-        SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, SKIP_Q=not quantize_q, num_warps=_warps(tile, d), tuning=tuning)
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
+
+
+# Rounds of other work between a head's mean chunks and its K tiles (_quantize_qkv_mean_kernel).
+MEAN_LAG = 4
+
+
+def mean_in_quantise_launch(k: torch.Tensor, tuning: Tuning | None) -> bool:
+    """Whether quantize_smoothed_qkv takes K's mean inside the quantise launch: on a GPU, and where a tool
+    records the GPU's launches (tools.offline); on the CPU the interpreter's kernels quantise the
+    simulation's K, so its mean is PyTorch's (sequence_mean)."""
+    return k.is_cuda or (tuning is not None and tuning.recorded is not None)
+
+
+def quantize_smoothed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_kv: int, *,
+                          smooth_q: bool, cols: bool, token: bool = False, quantize_q: bool = True,
+                          tuning: Tuning | None = None):
+    """quantize_qkv with K-smoothing by K's sequence mean, and that mean: (q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t,
+    s_v, k_mean (B*H, D) fp32).
+
+    On a GPU (and where a tool records the GPU's launches) the mean is taken in the quantise launch itself
+    (_quantize_qkv_mean_kernel, _mean_chunk's arithmetic: the mean has sequence_mean's bits where the two
+    launches reduce with the same warps): one pass instead of a mean kernel and then the quantise kernel. On
+    the CPU PyTorch's mean (sequence_mean, the simulation's), then quantize_qkv."""
+    block_v = key_tile("token" if token else "block", block_kv)
+    if not mean_in_quantise_launch(k, tuning) or (smooth_q and block_q < max(block_q, block_kv, block_v)):
+        k_mean = sequence_mean(k)
+        return (*quantize_qkv(q, k, v, block_q, block_kv, k_mean=k_mean, smooth_q=smooth_q, cols=cols, token=token,
+                              quantize_q=quantize_q, tuning=tuning), k_mean)
+    return _quantize_qkv_with_mean(q, k, v, block_q, block_kv, smooth_q=smooth_q, cols=cols, token=token,
+                                   quantize_q=quantize_q, tuning=tuning)
+
+
+def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: bool, cols: bool, token: bool,
+                            quantize_q: bool, tuning: Tuning | None = None, lag: int | None = None):
+    """quantize_smoothed_qkv's one launch, on any device (the interpreter's test calls it on the CPU)."""
+    assert quantize_q or (token and not smooth_q), "only the token contract without Q-smoothing skips Q"
+    b, h, n, d = q.shape
+    assert k.shape == v.shape == q.shape, "q, k, v must have one shape"
+    block_v = key_tile("token" if token else "block", block_kv)
+    tile = max(block_q, block_kv, block_v)
+    assert n % tile == 0, f"sequence length {n} is not a multiple of the blocks"
+    assert not smooth_q or block_q == tile, "Q-smoothing's block mean needs the launch's tile to be its block"
+    outputs = _qkv_outputs(q, block_q, block_kv, block_v, smooth_q=smooth_q, cols=cols, token=token)
+    q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v = outputs
+    step = MEAN_STEP_ELEMENTS // d
+    rows = step * triton.cdiv(n, step * MAX_MEAN_CHUNKS)
+    chunks = triton.cdiv(n, rows)
+    partial = torch.empty(b * h, chunks, d, device=k.device, dtype=torch.float32)
+    counters = torch.zeros(1 + 2 * b * h, device=k.device, dtype=torch.int32)   # ticket, arrived, mean ready
+    k_mean = torch.empty(b * h, d, device=k.device, dtype=torch.float32)
+    lag = MEAN_LAG if lag is None else lag
+    per_round = chunks + (n // tile) * (3 if quantize_q else 2)   # chunks, Q and V tiles, K tiles
+    dummy = s_v   # never dereferenced: the matching constexpr flag is off
+    launch("quantize", _quantize_qkv_mean_kernel, ((b * h + lag) * per_round,),
+        q, k, v, k_mean, q8, q8t if cols else dummy, s_q, mu_q if smooth_q else dummy, k8, k8t if cols else dummy,
+        s_k, v8t, s_v, partial, counters, *q.stride(), *k.stride(), *v.stride(), h, n, b * h, chunks, lag,
+        TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_Q=smooth_q, COLS=cols,
+        TOKEN=token, SKIP_Q=not quantize_q, MEAN_ROWS=rows, MEAN_STEP=step, CHUNKS_P2=triton.next_power_of_2(chunks),
+        num_warps=_warps(tile, d), tuning=tuning)
+    return (*outputs, k_mean)
 
 
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,

@@ -1,0 +1,98 @@
+"""The forward's pre-pass with K-smoothing, by launch design, on one GPU: K's mean and the quantise pass.
+
+    python -m benchmarks.prepass [--shapes B,H,N,D ...] [--lags 0 2 4 8] [--json PATH]
+
+Times, in the model's layout (q, k, v views of one (B, N, 3, H, D) projection), what the op runs before its
+forward kernel: "two launches" is the mean kernel (quantize.sequence_mean) and then the quantise launch given
+that mean (quantize.quantize_qkv); "lag L" is the one launch that takes the mean itself
+(quantize._quantize_qkv_with_mean, K's tiles L rounds of work after their head's mean; the op's default is
+quantize.MEAN_LAG), the counters' zeroing included in both. Each is captured in a CUDA graph and replayed, so
+the host does not count; per shape and contract (token: Q left to the forward, as the op runs it; block: Q,
+K and V), milliseconds per call, the median of --repeats replays of --iters calls.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from benchmarks.attention import _shape
+from benchmarks.forward_tiles import has_cuda, write_rows
+
+SHAPES = [(4, 12, 4096, 64), (8, 16, 4096, 64), (8, 8, 4096, 128)]
+
+
+def graph_ms(fn, iters: int, repeats: int) -> float:
+    """Median milliseconds per call of fn, `iters` calls captured in one CUDA graph, replayed `repeats` times."""
+    import torch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):   # warm up (compiles) outside the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return sorted(times)[len(times) // 2]
+
+
+def prepass_rows(shape, quant: str, lags, iters: int, repeats: int) -> list[dict]:
+    import torch
+
+    from sagebwd.triton import quantize
+    b, h, n, d = shape
+    qkv = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.bfloat16) + torch.randn(d, device="cuda")
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    token = quant == "token"
+    options = dict(smooth_q=False, cols=True, token=token, quantize_q=not token)
+
+    def two_launches():
+        quantize.quantize_qkv(q, k, v, 128, 64, k_mean=quantize.sequence_mean(k), **options)
+    variants = [("two launches", two_launches)]
+    for lag in lags:
+        variants.append((f"lag {lag}", lambda lag=lag: quantize._quantize_qkv_with_mean(q, k, v, 128, 64, lag=lag,
+                                                                                         **options)))
+    return [{"shape": list(shape), "quant": quant, "variant": name, "ms": graph_ms(fn, iters, repeats)}
+            for name, fn in variants]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", type=_shape, default=SHAPES, metavar="B,H,N,D")
+    ap.add_argument("--quant", nargs="+", choices=["block", "token"], default=["token", "block"])
+    ap.add_argument("--lags", nargs="+", type=int, default=[0, 2, 4, 8])
+    ap.add_argument("--iters", type=int, default=20, help="calls per graph replay")
+    ap.add_argument("--repeats", type=int, default=15, help="replays; the median is reported")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    for shape in args.shapes:
+        if shape[-1] not in (64, 128) or shape[2] % 128:
+            ap.error(f"--shapes {','.join(map(str, shape))}: head dim 64 or 128 and a sequence that is a multiple "
+                     "of 128 (the quantise launch's tile)")
+    if min(args.lags) < 0 or args.iters < 1 or args.repeats < 1:
+        ap.error("--lags must be >= 0, --iters and --repeats >= 1")
+    if not has_cuda("benchmarks.prepass"):
+        return 2
+    rows = []
+    print("| (B,H,N,D) | contract | variant | ms |")
+    print("|---|---|---|---|")
+    for shape in args.shapes:
+        for quant in args.quant:
+            for row in prepass_rows(shape, quant, args.lags, args.iters, args.repeats):
+                rows.append(row)
+                print(f"| {tuple(shape)} | {quant} | {row['variant']} | {row['ms']:.4f} |", flush=True)
+    write_rows(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -69,7 +69,7 @@ def test_k_mean_in_the_quantise_launch(shape, token, lag):
     for _ in range(3):
         again = quantize._quantize_qkv_with_mean(q, k, v, 128, 64, smooth_q=False, cols=True, token=token,
                                                  quantize_q=quantize_q, lag=lag)
-        assert all(torch.equal(out[i], again[i]) for i in (*written, 9)), "reruns differ: a race"
+        assert all(torch.equal(out[i], again[i]) for i in (*written, 9) if out[i] is not None), "reruns differ: a race"
 
 
 def test_compiled_model_matches_eager():

@@ -377,8 +377,10 @@ def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, 
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
 
 
-# Rounds of other work between a head's mean chunks and its K tiles (_quantize_qkv_mean_kernel).
-MEAN_LAG = 4
+# Rounds of other work between a head's mean chunks and its K tiles (_quantize_qkv_mean_kernel). H100, model
+# layout (python -m benchmarks.prepass): lag 0 was best at d=64 and lost to the two launches at d=128 (K tiles
+# spinning); 2 was within 1-3% of the best at every shape and contract, 4 and 8 slower.
+MEAN_LAG = 2
 
 
 def mean_in_quantise_launch(k: torch.Tensor, tuning: Tuning | None) -> bool:

@@ -1,14 +1,15 @@
 """The forward's pre-pass with K-smoothing, by launch design, on one GPU: K's mean and the quantise pass.
 
-    python -m benchmarks.prepass [--shapes B,H,N,D ...] [--lags 0 2 4 8] [--json PATH]
+    python -m benchmarks.prepass [--shapes B,H,N,D ...] [--lags 0 1 2] [--layouts model contiguous] [--json PATH]
 
-Times, in the model's layout (q, k, v views of one (B, N, 3, H, D) projection), what the op runs before its
-forward kernel: "two launches" is the mean kernel (quantize.sequence_mean) and then the quantise launch given
-that mean (quantize.quantize_qkv); "lag L" is the one launch that takes the mean itself
-(quantize._quantize_qkv_with_mean, K's tiles L rounds of work after their head's mean; the op's default is
+Times what the op runs before its forward kernel, in the model's layout (q, k, v views of one (B, N, 3, H, D)
+projection, the trainer's) or contiguous (B, H, N, D) tensors: "two launches" is the mean kernel
+(quantize.sequence_mean) and then the quantise launch given that mean (quantize.quantize_qkv); "rounds of G
+heads, lag L" is the one launch that takes the mean itself (quantize._quantize_qkv_with_mean: work in rounds of
+G heads, one head or a token's H, K's tiles L rounds after their mean; the op's default is H heads and
 quantize.MEAN_LAG), the counters' zeroing included in both. Each is captured in a CUDA graph and replayed, so
-the host does not count; per shape and contract (token: Q left to the forward, as the op runs it; block: Q,
-K and V), milliseconds per call, the median of --repeats replays of --iters calls.
+the host does not count; per shape, layout and contract (token: Q left to the forward, as the op runs it;
+block: Q, K and V), milliseconds per call, the median of --repeats replays of --iters calls.
 """
 from __future__ import annotations
 
@@ -45,31 +46,38 @@ def graph_ms(fn, iters: int, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def prepass_rows(shape, quant: str, lags, iters: int, repeats: int) -> list[dict]:
+def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int) -> list[dict]:
     import torch
 
     from sagebwd.triton import quantize
     b, h, n, d = shape
-    qkv = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.bfloat16) + torch.randn(d, device="cuda")
-    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    if layout == "model":
+        qkv = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.bfloat16) + torch.randn(d, device="cuda")
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    else:
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) + torch.randn(d, device="cuda")
+                   for _ in range(3))
     token = quant == "token"
     options = dict(smooth_q=False, cols=True, token=token, quantize_q=not token)
 
     def two_launches():
         quantize.quantize_qkv(q, k, v, 128, 64, k_mean=quantize.sequence_mean(k), **options)
     variants = [("two launches", two_launches)]
-    for lag in lags:
-        variants.append((f"lag {lag}", lambda lag=lag: quantize._quantize_qkv_with_mean(q, k, v, 128, 64, lag=lag,
-                                                                                         **options)))
-    return [{"shape": list(shape), "quant": quant, "variant": name, "ms": graph_ms(fn, iters, repeats)}
-            for name, fn in variants]
+    for group in (1, h):
+        for lag in lags:
+            variants.append((f"rounds of {group} heads, lag {lag}",
+                             lambda lag=lag, group=group: quantize._quantize_qkv_with_mean(q, k, v, 128, 64, lag=lag,
+                                                                                           group=group, **options)))
+    return [{"shape": list(shape), "layout": layout, "quant": quant, "variant": name,
+             "ms": graph_ms(fn, iters, repeats)} for name, fn in variants]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", type=_shape, default=SHAPES, metavar="B,H,N,D")
     ap.add_argument("--quant", nargs="+", choices=["block", "token"], default=["token", "block"])
-    ap.add_argument("--lags", nargs="+", type=int, default=[0, 2, 4, 8])
+    ap.add_argument("--lags", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--layouts", nargs="+", choices=["model", "contiguous"], default=["model"])
     ap.add_argument("--iters", type=int, default=20, help="calls per graph replay")
     ap.add_argument("--repeats", type=int, default=15, help="replays; the median is reported")
     ap.add_argument("--json", help="write the rows here")
@@ -83,13 +91,14 @@ def main(argv=None) -> int:
     if not has_cuda("benchmarks.prepass"):
         return 2
     rows = []
-    print("| (B,H,N,D) | contract | variant | ms |")
-    print("|---|---|---|---|")
+    print("| (B,H,N,D) | layout | contract | variant | ms |")
+    print("|---|---|---|---|---|")
     for shape in args.shapes:
-        for quant in args.quant:
-            for row in prepass_rows(shape, quant, args.lags, args.iters, args.repeats):
-                rows.append(row)
-                print(f"| {tuple(shape)} | {quant} | {row['variant']} | {row['ms']:.4f} |", flush=True)
+        for layout in args.layouts:
+            for quant in args.quant:
+                for row in prepass_rows(shape, layout, quant, args.lags, args.iters, args.repeats):
+                    rows.append(row)
+                    print(f"| {tuple(shape)} | {layout} | {quant} | {row['variant']} | {row['ms']:.4f} |", flush=True)
     write_rows(args.json, rows)
     return 0
 

@@ -1,13 +1,12 @@
 """The forward's pre-pass with K-smoothing, by launch design, on one GPU: K's mean and the quantise pass.
 
-    python -m benchmarks.prepass [--shapes B,H,N,D ...] [--lags 0 1 2] [--layouts model contiguous] [--json PATH]
+    python -m benchmarks.prepass [--shapes B,H,N,D ...] [--lags 0 1 2 4] [--layouts model contiguous] [--json PATH]
 
 Times what the op runs before its forward kernel, in the model's layout (q, k, v views of one (B, N, 3, H, D)
 projection, the trainer's) or contiguous (B, H, N, D) tensors: "two launches" is the mean kernel
-(quantize.sequence_mean) and then the quantise launch given that mean (quantize.quantize_qkv); "rounds of G
-heads, lag L" is the one launch that takes the mean itself (quantize._quantize_qkv_with_mean: work in rounds of
-G heads, one head or a token's H, K's tiles L rounds after their mean; the op's default is H heads and
-quantize.MEAN_LAG), the counters' zeroing included in both. Each is captured in a CUDA graph and replayed, so
+(quantize.sequence_mean) and then the quantise launch given that mean (quantize.quantize_qkv); "lag L" is the
+one launch that takes the mean itself (quantize._quantize_qkv_with_mean, K's tiles L rounds of work after their
+head's mean; the op's default is quantize.MEAN_LAG), the counters' zeroing included in both. Each is captured in a CUDA graph and replayed, so
 the host does not count; per shape, layout and contract (token: Q left to the forward, as the op runs it;
 block: Q, K and V), milliseconds per call, the median of --repeats replays of --iters calls.
 """
@@ -63,11 +62,9 @@ def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int)
     def two_launches():
         quantize.quantize_qkv(q, k, v, 128, 64, k_mean=quantize.sequence_mean(k), **options)
     variants = [("two launches", two_launches)]
-    for group in (1, h):
-        for lag in lags:
-            variants.append((f"rounds of {group} heads, lag {lag}",
-                             lambda lag=lag, group=group: quantize._quantize_qkv_with_mean(q, k, v, 128, 64, lag=lag,
-                                                                                           group=group, **options)))
+    for lag in lags:
+        variants.append((f"lag {lag}", lambda lag=lag: quantize._quantize_qkv_with_mean(q, k, v, 128, 64, lag=lag,
+                                                                                         **options)))
     return [{"shape": list(shape), "layout": layout, "quant": quant, "variant": name,
              "ms": graph_ms(fn, iters, repeats)} for name, fn in variants]
 
@@ -76,7 +73,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", type=_shape, default=SHAPES, metavar="B,H,N,D")
     ap.add_argument("--quant", nargs="+", choices=["block", "token"], default=["token", "block"])
-    ap.add_argument("--lags", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--lags", nargs="+", type=int, default=[0, 1, 2, 4])
     ap.add_argument("--layouts", nargs="+", choices=["model", "contiguous"], default=["model"])
     ap.add_argument("--iters", type=int, default=20, help="calls per graph replay")
     ap.add_argument("--repeats", type=int, default=15, help="replays; the median is reported")

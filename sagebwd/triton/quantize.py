@@ -167,7 +167,7 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
 def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_COLS, SK, V_COLS, SV, PARTIAL,
                               COUNTERS, stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn,
                               stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, H, N, BH, CHUNKS, LAG,
-                              GROUP, TILE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
+                              TILE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
                               BLOCK_V: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_Q: tl.constexpr,
                               COLS: tl.constexpr, TOKEN: tl.constexpr, SKIP_Q: tl.constexpr,
                               MEAN_ROWS: tl.constexpr, MEAN_STEP: tl.constexpr, CHUNKS_P2: tl.constexpr):
@@ -175,46 +175,43 @@ def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS,
 
     Every program takes a ticket (an atomic counter, COUNTERS[0]): tickets are handed out in the order programs
     start, so a program that waits only for lower tickets waits for programs that are running or done. Work
-    goes in rounds of GROUP heads (a divisor of BH): their mean's CHUNKS chunks, their Q and V tiles, then the K
-    tiles of the group LAG rounds back, which wait until their head's mean is written (the flag COUNTERS[1 + BH
-    + bh], set by its last chunk; COUNTERS[1 + bh] counts its arrived chunks). The chunks wait for nothing, so
-    no wait can deadlock, however many programs the GPU holds at once. Inside a round the group's heads take
-    consecutive tickets for each chunk or tile: in the model's layout (the heads of a token side by side in
-    memory) programs that run together then read adjacent rows. LAG rounds of other work keep the K tiles from
-    waiting. The last LAG rounds hold K tiles only (their other programs exit)."""
+    goes in rounds of one head r: its mean's CHUNKS chunks, its Q and V tiles, then the K tiles of head r - LAG,
+    which wait until that head's mean is written (the flag COUNTERS[1 + BH + bh], set by its last chunk;
+    COUNTERS[1 + bh] counts its arrived chunks). The chunks wait for nothing, so no wait can deadlock, however
+    many programs the GPU holds at once. LAG rounds of other work keep the K tiles from waiting, and K is then
+    still in L2 from its chunks' reads. The last LAG rounds hold K tiles only (their other programs exit)."""
     ticket = tl.atomic_add(COUNTERS, 1, sem="relaxed")
     tiles = N // TILE
     if SKIP_Q:
         qv = tiles
     else:
         qv = 2 * tiles
-    per_round = GROUP * (CHUNKS + qv + tiles)
+    per_round = CHUNKS + qv + tiles
     r = ticket // per_round
     slot = ticket - r * per_round
-    item = slot // GROUP   # the chunk or tile, of head r * GROUP + slot % GROUP
-    bh = r * GROUP + (slot - item * GROUP)
-    if item < CHUNKS:
-        if bh < BH:
-            if _mean_chunk(K, PARTIAL, COUNTERS + 1, K_MEAN, stride_kb, stride_kh, stride_kn, stride_kd, H, N, bh,
-                           item, CHUNKS, MEAN_ROWS, MEAN_STEP, CHUNKS_P2, HEAD_DIM):
+    if slot < CHUNKS:
+        if r < BH:
+            if _mean_chunk(K, PARTIAL, COUNTERS + 1, K_MEAN, stride_kb, stride_kh, stride_kn, stride_kd, H, N, r,
+                           slot, CHUNKS, MEAN_ROWS, MEAN_STEP, CHUNKS_P2, HEAD_DIM):
                 tl.debug_barrier()   # the mean is stored by every thread before the flag's release
-                tl.atomic_xchg(COUNTERS + 1 + BH + bh, 1, sem="release")
-    elif item < CHUNKS + qv:
-        if bh < BH:
-            j = item - CHUNKS
+                tl.atomic_xchg(COUNTERS + 1 + BH + r, 1, sem="release")
+    elif slot < CHUNKS + qv:
+        if r < BH:
+            j = slot - CHUNKS
             if not SKIP_Q and j < tiles:
-                _q_tile(Q, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N, j, bh,
+                _q_tile(Q, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N, j, r,
                         TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS, TOKEN)
             else:
-                _v_tile(V, V_COLS, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N, j % tiles, bh, TILE,
+                _v_tile(V, V_COLS, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N, j % tiles, r, TILE,
                         BLOCK_V, HEAD_DIM)
-    elif r >= LAG:
-        bh -= LAG * GROUP
-        ready = tl.atomic_add(COUNTERS + 1 + BH + bh, 0, sem="acquire")
-        while ready == 0:
+    else:
+        bh = r - LAG
+        if bh >= 0:
             ready = tl.atomic_add(COUNTERS + 1 + BH + bh, 0, sem="acquire")
-        _k_tile(K, K_MEAN, K_ROWS, K_COLS, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N,
-                item - CHUNKS - qv, bh, TILE, BLOCK_KV, HEAD_DIM, True, COLS, TOKEN, True)
+            while ready == 0:
+                ready = tl.atomic_add(COUNTERS + 1 + BH + bh, 0, sem="acquire")
+            _k_tile(K, K_MEAN, K_ROWS, K_COLS, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N,
+                    slot - CHUNKS - qv, bh, TILE, BLOCK_KV, HEAD_DIM, True, COLS, TOKEN, True)
 
 
 @triton.jit
@@ -380,8 +377,10 @@ def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, 
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
 
 
-# Rounds of other work between a group's mean chunks and its K tiles (_quantize_qkv_mean_kernel).
-MEAN_LAG = 1
+# Rounds of other work between a head's mean chunks and its K tiles (_quantize_qkv_mean_kernel). H100
+# (python -m benchmarks.prepass; docs/kernel-notes.md, "Thirteenth session"): lag 0 was best at d=64 and lost to
+# the two launches at d=128 (K tiles spinning); 2 was within 1-3% of the best at every shape and contract.
+MEAN_LAG = 2
 
 
 def mean_in_quantise_launch(k: torch.Tensor, tuning: Tuning | None) -> bool:
@@ -411,10 +410,8 @@ def quantize_smoothed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blo
 
 
 def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: bool, cols: bool, token: bool,
-                            quantize_q: bool, tuning: Tuning | None = None, lag: int | None = None,
-                            group: int | None = None):
-    """quantize_smoothed_qkv's one launch, on any device (the interpreter's test calls it on the CPU); rounds of
-    `group` heads (default: a token's heads, H), K tiles `lag` rounds after their mean (default MEAN_LAG)."""
+                            quantize_q: bool, tuning: Tuning | None = None, lag: int | None = None):
+    """quantize_smoothed_qkv's one launch, on any device (the interpreter's test calls it on the CPU)."""
     assert quantize_q or (token and not smooth_q), "only the token contract without Q-smoothing skips Q"
     b, h, n, d = q.shape
     assert k.shape == v.shape == q.shape, "q, k, v must have one shape"
@@ -431,13 +428,11 @@ def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: b
     counters = torch.zeros(1 + 2 * b * h, device=k.device, dtype=torch.int32)   # ticket, arrived, mean ready
     k_mean = torch.empty(b * h, d, device=k.device, dtype=torch.float32)
     lag = MEAN_LAG if lag is None else lag
-    group = h if group is None else group
-    assert (b * h) % group == 0, f"a round's {group} heads must divide the {b * h} heads"
-    per_head = chunks + (n // tile) * (3 if quantize_q else 2)   # chunks, Q and V tiles, K tiles
+    per_round = chunks + (n // tile) * (3 if quantize_q else 2)   # chunks, Q and V tiles, K tiles
     dummy = s_v   # never dereferenced: the matching constexpr flag is off
-    launch("quantize", _quantize_qkv_mean_kernel, ((b * h // group + lag) * group * per_head,),
+    launch("quantize", _quantize_qkv_mean_kernel, ((b * h + lag) * per_round,),
         q, k, v, k_mean, q8, q8t if cols else dummy, s_q, mu_q if smooth_q else dummy, k8, k8t if cols else dummy,
-        s_k, v8t, s_v, partial, counters, *q.stride(), *k.stride(), *v.stride(), h, n, b * h, chunks, lag, group,
+        s_k, v8t, s_v, partial, counters, *q.stride(), *k.stride(), *v.stride(), h, n, b * h, chunks, lag,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_Q=smooth_q, COLS=cols,
         TOKEN=token, SKIP_Q=not quantize_q, MEAN_ROWS=rows, MEAN_STEP=step, CHUNKS_P2=triton.next_power_of_2(chunks),
         num_warps=_warps(tile, d), tuning=tuning)

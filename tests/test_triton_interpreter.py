@@ -350,7 +350,8 @@ def _mean_in_quantise_launch_case() -> dict:
     has the mean kernel's bits (one reduction, _mean_chunk) and Q^, K^, V^ and their scales are quantize_qkv's
     with that mean, bit for bit: both contracts, d=64 and 128, strided inputs, Q-smoothing, Q left to the token
     forward, block_q != block_kv, a sequence that is several mean chunks, and K tiles right after their head's
-    mean (lag 0) or rounds later. The op records one quantise launch and no mean launch on the GPU's path."""
+    mean (lag 0) or rounds later. On the GPU's path the op takes the one launch at d=64 and the mean kernel and
+    quantise launch at d=128 (quantize.MEAN_IN_LAUNCH_HEAD_DIMS)."""
     import torch
     from sagebwd.triton import ops
     from sagebwd.triton import quantize as kq
@@ -374,12 +375,16 @@ def _mean_in_quantise_launch_case() -> dict:
             written = range(9) if quantize_q else (3, 4, 5, 6, 7, 8)   # without Q: its buffers are left unwritten
             equal = equal and all((out[i] is None and ref[i] is None) or bool(torch.equal(out[i], ref[i]))
                                   for i in written)
-    recorded = Tuning(recorded=[])
-    q, k, v = [torch.randn(1, 2, 256, 64, generator=gen).half() for _ in range(3)]
-    ops._forward_impl(q, k, v, True, True, False, 128, 64, True, True, "default", recorded)
-    names = [name for name, *_ in recorded.recorded]
+    quantise_kernels = {}
+    for d in (64, 128):
+        recorded = Tuning(recorded=[])
+        q, k, v = [torch.randn(1, 2, 256, d, generator=gen).half() for _ in range(3)]
+        ops._forward_impl(q, k, v, True, True, False, 128, 64, True, True, "default", recorded)
+        assert "sequence_mean" not in [name for name, *_ in recorded.recorded]   # a tool's recording: never run
+        quantise_kernels[d] = [kernel.fn.__name__ for name, kernel, *_ in recorded.recorded if name == "quantize"]
     return {"name": "mean_in_quantise_launch", "equal": equal, "mean_equal": mean_equal,
-            "one_launch": names.count("quantize") == 1 and "sequence_mean" not in names}
+            "one_launch": quantise_kernels[64] == ["_quantize_qkv_mean_kernel"],
+            "two_launches_at_128": quantise_kernels[128] == ["_quantize_qkv_kernel"]}
 
 
 def main() -> None:
@@ -487,7 +492,8 @@ def test_k_mean_in_the_quantise_launch_is_the_mean_kernels(results):
     r = results["mean_in_quantise_launch"]
     assert r["mean_equal"], "the mean taken in the quantise launch differs from the mean kernel's"
     assert r["equal"], "Q^, K^ or V^ from the one launch differ from quantize_qkv's with the same mean"
-    assert r["one_launch"], "the op still launches a separate mean kernel on the GPU's path"
+    assert r["one_launch"], "the op still launches a separate mean kernel on the GPU's path at d=64"
+    assert r["two_launches_at_128"], "at d=128 (where the one launch measured slower) the op took the one launch"
 
 
 def test_dq_add_bench_times_the_ops_token_dkdv(results):

@@ -381,6 +381,9 @@ def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, 
 # (python -m benchmarks.prepass; docs/kernel-notes.md, "Thirteenth session"): lag 0 was best at d=64 and lost to
 # the two launches at d=128 (K tiles spinning); 2 was within 1-3% of the best at every shape and contract.
 MEAN_LAG = 2
+# Where the one launch is the op's: d=64. At d=128 it was slower than the two launches inside a fwd+bwd step
+# (+30 us token, +17 us block at (8, 8, 4096, 128) causal, H100 kernel A/B), though faster back to back.
+MEAN_IN_LAUNCH_HEAD_DIMS = (64,)
 
 
 def mean_in_quantise_launch(k: torch.Tensor, tuning: Tuning | None) -> bool:
@@ -396,12 +399,14 @@ def quantize_smoothed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blo
     """quantize_qkv with K-smoothing by K's sequence mean, and that mean: (q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t,
     s_v, k_mean (B*H, D) fp32).
 
-    On a GPU (and where a tool records the GPU's launches) the mean is taken in the quantise launch itself
-    (_quantize_qkv_mean_kernel, _mean_chunk's arithmetic: the mean has sequence_mean's bits where the two
-    launches reduce with the same warps): one pass instead of a mean kernel and then the quantise kernel. On
-    the CPU PyTorch's mean (sequence_mean, the simulation's), then quantize_qkv."""
+    On a GPU (and where a tool records the GPU's launches) at the head dims of MEAN_IN_LAUNCH_HEAD_DIMS the mean
+    is taken in the quantise launch itself (_quantize_qkv_mean_kernel, _mean_chunk's arithmetic: the mean has
+    sequence_mean's bits where the two launches reduce with the same warps): one pass instead of a mean kernel
+    and then the quantise kernel. Elsewhere sequence_mean (on the CPU PyTorch's mean, the simulation's), then
+    quantize_qkv."""
     block_v = key_tile("token" if token else "block", block_kv)
-    if not mean_in_quantise_launch(k, tuning) or (smooth_q and block_q < max(block_q, block_kv, block_v)):
+    if (not mean_in_quantise_launch(k, tuning) or k.shape[-1] not in MEAN_IN_LAUNCH_HEAD_DIMS
+            or (smooth_q and block_q < max(block_q, block_kv, block_v))):
         k_mean = sequence_mean(k)
         return (*quantize_qkv(q, k, v, block_q, block_kv, k_mean=k_mean, smooth_q=smooth_q, cols=cols, token=token,
                               quantize_q=quantize_q, tuning=tuning), k_mean)

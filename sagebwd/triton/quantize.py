@@ -178,8 +178,8 @@ def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS,
     goes in rounds of one head r: its mean's CHUNKS chunks, its Q and V tiles, then the K tiles of head r - LAG,
     which wait until that head's mean is written (the flag COUNTERS[1 + BH + bh], set by its last chunk;
     COUNTERS[1 + bh] counts its arrived chunks). The chunks wait for nothing, so no wait can deadlock, however
-    many programs the GPU holds at once. LAG rounds of other work keep the K tiles from waiting, and K is then
-    still in L2 from its chunks' reads. The last LAG rounds hold K tiles only (their other programs exit)."""
+    many programs the GPU holds at once. LAG rounds of other work spare most K tiles the wait (and may find K
+    still in L2 from its chunks' reads). The last LAG rounds hold K tiles only (their other programs exit)."""
     ticket = tl.atomic_add(COUNTERS, 1, sem="relaxed")
     tiles = N // TILE
     if SKIP_Q:

@@ -6,9 +6,11 @@ Times what the op runs before its forward kernel, in the model's layout (q, k, v
 projection, the trainer's) or contiguous (B, H, N, D) tensors: "two launches" is the mean kernel
 (quantize.sequence_mean) and then the quantise launch given that mean (quantize.quantize_qkv); "lag L" is the
 one launch that takes the mean itself (quantize._quantize_qkv_with_mean, K's tiles L rounds of work after their
-head's mean; the op's default is quantize.MEAN_LAG), the counters' zeroing included in both. Each is captured in a CUDA graph and replayed, so
-the host does not count; per shape, layout and contract (token: Q left to the forward, as the op runs it;
-block: Q, K and V), milliseconds per call, the median of --repeats replays of --iters calls.
+head's mean; the op's default at d=64 is quantize.MEAN_LAG), the counters' zeroing included in both; "copies of
+the same bytes" reads and writes what the pass must (prepass_bytes) by PyTorch's dtype conversions, the memory's
+own cost in the same cache state. Each is captured in a CUDA graph and replayed, so the host does not count; per
+shape, layout and contract (token: Q left to the forward, as the op runs it; block: Q, K and V), milliseconds per
+call (the median of --repeats replays of --iters calls) and the bytes it must move per second.
 """
 from __future__ import annotations
 
@@ -61,12 +63,33 @@ def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int)
 
     def two_launches():
         quantize.quantize_qkv(q, k, v, 128, 64, k_mean=quantize.sequence_mean(k), **options)
-    variants = [("two launches", two_launches)]
+
+    def copies():   # the same reads and int8 writes as plain PyTorch conversions: what the memory alone costs
+        k.to(torch.int8), k.to(torch.int8), v.to(torch.int8)
+        if not token:
+            q.to(torch.int8), q.to(torch.int8)
+    variants = [("copies of the same bytes", copies), ("two launches", two_launches)]
     for lag in lags:
         variants.append((f"lag {lag}", lambda lag=lag: quantize._quantize_qkv_with_mean(q, k, v, 128, 64, lag=lag,
                                                                                          **options)))
-    return [{"shape": list(shape), "layout": layout, "quant": quant, "variant": name,
-             "ms": graph_ms(fn, iters, repeats)} for name, fn in variants]
+    moved = prepass_bytes(shape, quant)
+    rows = []
+    for name, fn in variants:
+        ms = graph_ms(fn, iters, repeats)
+        rows.append({"shape": list(shape), "layout": layout, "quant": quant, "variant": name, "ms": ms,
+                     "bytes": moved, "tb_per_s": moved / (ms * 1e-3) / 1e12})
+    return rows
+
+
+def prepass_bytes(shape, quant: str) -> int:
+    """Bytes the pre-pass must move at least: K read twice (its mean, then its quantisation), V once, Q once in
+    the block contract (the token forward reads Q itself), and their int8 copies written (K^ and K^T, V^T; Q^ and
+    Q^T); the scales and the mean's partial sums (under 1%) left out. The "copies" variant reads Q twice."""
+    b, h, n, d = shape
+    elements = b * h * n * d
+    reads = 2 * (3 if quant == "token" else 4)   # bf16: K twice, V, (Q)
+    writes = 3 if quant == "token" else 5       # int8: K^, K^T, V^T, (Q^, Q^T)
+    return elements * (reads + writes)
 
 
 def main(argv=None) -> int:
@@ -88,14 +111,15 @@ def main(argv=None) -> int:
     if not has_cuda("benchmarks.prepass"):
         return 2
     rows = []
-    print("| (B,H,N,D) | layout | contract | variant | ms |")
-    print("|---|---|---|---|---|")
+    print("| (B,H,N,D) | layout | contract | variant | ms | TB/s of the bytes it must move |")
+    print("|---|---|---|---|---|---|")
     for shape in args.shapes:
         for layout in args.layouts:
             for quant in args.quant:
                 for row in prepass_rows(shape, layout, quant, args.lags, args.iters, args.repeats):
                     rows.append(row)
-                    print(f"| {tuple(shape)} | {layout} | {quant} | {row['variant']} | {row['ms']:.4f} |", flush=True)
+                    print(f"| {tuple(shape)} | {layout} | {quant} | {row['variant']} | {row['ms']:.4f} | "
+                          f"{row['tb_per_s']:.2f} |", flush=True)
     write_rows(args.json, rows)
     return 0
 

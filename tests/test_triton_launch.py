@@ -301,3 +301,12 @@ def test_dq_add_bench_beside_mode_says_it_needs_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert dq_add_bench.main(["--dq-beside-dkdv", "--shapes", "4,12,4096,64"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_prepass_counts_the_bytes_the_pass_must_move():
+    """benchmarks.prepass's bandwidth column: K read twice, V once (and Q in the block contract) in bf16, and the
+    int8 copies written (K^, K^T, V^T; Q^, Q^T)."""
+    from benchmarks.prepass import prepass_bytes
+    elements = 2 * 3 * 256 * 64
+    assert prepass_bytes((2, 3, 256, 64), "token") == elements * (2 * 3 + 3)
+    assert prepass_bytes((2, 3, 256, 64), "block") == elements * (2 * 4 + 5)

@@ -1,6 +1,7 @@
 """The forward's pre-pass with K-smoothing, by launch design, on one GPU: K's mean and the quantise pass.
 
-    python -m benchmarks.prepass [--shapes B,H,N,D ...] [--lags 0 1 2 4] [--layouts model contiguous] [--json PATH]
+    python -m benchmarks.prepass [--shapes B,H,N,D ...] [--lags 0 1 2 4] [--layouts model contiguous] [--forward]
+                                 [--json PATH]
 
 Times what the op runs before its forward kernel, in the model's layout (q, k, v views of one (B, N, 3, H, D)
 projection, the trainer's) or contiguous (B, H, N, D) tensors: "two launches" is the mean kernel
@@ -8,9 +9,12 @@ projection, the trainer's) or contiguous (B, H, N, D) tensors: "two launches" is
 one launch that takes the mean itself (quantize._quantize_qkv_with_mean, K's tiles L rounds of work after their
 head's mean; the op's default at d=64 is quantize.MEAN_LAG), the counters' zeroing included in both; "copies of
 the same bytes" reads and writes what the pass must (prepass_bytes) by PyTorch's dtype conversions, the memory's
-own cost in the same cache state. Each is captured in a CUDA graph and replayed, so the host does not count; per
-shape, layout and contract (token: Q left to the forward, as the op runs it; block: Q, K and V), milliseconds per
-call (the median of --repeats replays of --iters calls) and the bytes it must move per second.
+own cost in the same cache state; with --forward, "pre-pass + forward" is the op's whole forward (causal, for
+training: ops._forward_impl), and ", PDL" the same with the forward kernel a programmatic dependent of the quantise
+launch (Tuning override "pdl": its Q prologue may run while the quantise launch's last programs do). Each is
+captured in a CUDA graph and replayed, so the host does not count; per shape, layout and contract (token: Q left to
+the forward, as the op runs it; block: Q, K and V), milliseconds per call (the median of --repeats replays of
+--iters calls) and the bytes the pre-pass must move per second (for the forward rows: over the pre-pass's bytes).
 """
 from __future__ import annotations
 
@@ -47,7 +51,8 @@ def graph_ms(fn, iters: int, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int) -> list[dict]:
+def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int, with_forward: bool = False
+                 ) -> list[dict]:
     import torch
 
     from sagebwd.triton import quantize
@@ -72,6 +77,13 @@ def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int)
     for lag in lags:
         variants.append((f"lag {lag}", lambda lag=lag: quantize._quantize_qkv_with_mean(q, k, v, 128, 64, lag=lag,
                                                                                          **options)))
+    if with_forward:   # the op's forward as a whole (pre-pass + forward kernel), the forward a PDL dependent or not
+        from sagebwd.triton import ops
+        from sagebwd.triton.launch import Tuning
+        pdl = Tuning(overrides={"pdl": True})
+        for name, tuning in (("pre-pass + forward", None), ("pre-pass + forward, PDL", pdl)):
+            variants.append((name, lambda tuning=tuning: ops._forward_impl(q, k, v, True, True, False, 128, 64, token,
+                                                                           True, "default", tuning)))
     moved = prepass_bytes(shape, quant)
     rows = []
     for name, fn in variants:
@@ -98,6 +110,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quant", nargs="+", choices=["block", "token"], default=["token", "block"])
     ap.add_argument("--lags", nargs="+", type=int, default=[0, 1, 2, 4])
     ap.add_argument("--layouts", nargs="+", choices=["model", "contiguous"], default=["model"])
+    ap.add_argument("--forward", action="store_true",
+                    help="also the op's forward as a whole (causal, for training), with the forward kernel launched as "
+                         "a programmatic dependent (PDL) of the quantise launch or not")
     ap.add_argument("--iters", type=int, default=20, help="calls per graph replay")
     ap.add_argument("--repeats", type=int, default=15, help="replays; the median is reported")
     ap.add_argument("--json", help="write the rows here")
@@ -116,7 +131,7 @@ def main(argv=None) -> int:
     for shape in args.shapes:
         for layout in args.layouts:
             for quant in args.quant:
-                for row in prepass_rows(shape, layout, quant, args.lags, args.iters, args.repeats):
+                for row in prepass_rows(shape, layout, quant, args.lags, args.iters, args.repeats, args.forward):
                     rows.append(row)
                     print(f"| {tuple(shape)} | {layout} | {quant} | {row['variant']} | {row['ms']:.4f} | "
                           f"{row['tb_per_s']:.2f} |", flush=True)

@@ -72,6 +72,36 @@ def test_k_mean_in_the_quantise_launch(shape, token, lag):
         assert all(torch.equal(out[i], again[i]) for i in (*written, 9) if out[i] is not None), "reruns differ: a race"
 
 
+@pytest.mark.parametrize("quant", ["token", "block"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_forward_as_a_programmatic_dependent_changes_no_bit(quant, head_dim):
+    """The forward kernel launched as a programmatic dependent of the quantise launch (Tuning override "pdl",
+    benchmarks.prepass --forward): the same O, LSE and quantised operands, eagerly and replayed from a CUDA graph."""
+    from sagebwd.triton import ops
+    from sagebwd.triton.launch import Tuning
+
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    qkv = (torch.randn(2, 4096, 3, 8, head_dim, device="cuda", generator=gen) * 2 + 1).bfloat16()
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    pdl = Tuning(overrides={"pdl": True})
+
+    def run(tuning):
+        return ops._forward_impl(q, k, v, True, True, False, 128, 64, quant == "token", True, "default", tuning)
+    plain = run(None)
+    assert all(torch.equal(a, b) for a, b in zip(plain, run(pdl))), "the PDL launch changed an output"
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run(pdl)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(pdl)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(plain, captured)), "the PDL launch changed an output in a graph"
+
+
 def test_compiled_model_matches_eager():
     from sagebwd.triton import attention
 

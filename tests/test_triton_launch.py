@@ -310,3 +310,20 @@ def test_prepass_counts_the_bytes_the_pass_must_move():
     elements = 2 * 3 * 256 * 64
     assert prepass_bytes((2, 3, 256, 64), "token") == elements * (2 * 3 + 3)
     assert prepass_bytes((2, 3, 256, 64), "block") == elements * (2 * 4 + 5)
+
+
+@pytest.mark.parametrize("quant", ["token", "block"])
+def test_pdl_is_a_tools_choice_and_changes_only_the_forward_and_quantise_launches(quant):
+    """Tuning(overrides={"pdl": True}) launches the forward kernel as a programmatic dependent (launch_pdl, and its
+    PDL wait) of the quantise launch (its PDL trigger); without it neither launch names either, so the op's own
+    launches are unchanged (the kernels' instructions too: tools.offline --ptx-digest --instructions-only)."""
+    import torch
+
+    from tools.offline import recorded_fwd_bwd
+    q, k, v, do = [torch.randn(1, 2, 256, 64).bfloat16() for _ in range(4)]
+    plain = {name: kw for name, _, _, kw in recorded_fwd_bwd(q, k, v, do, quant=quant)}
+    pdl = {name: kw for name, _, _, kw in recorded_fwd_bwd(q, k, v, do, quant=quant, overrides={"pdl": True})}
+    assert not any("PDL" in kw or "launch_pdl" in kw for kw in plain.values())
+    assert pdl["forward"]["PDL"] and pdl["forward"]["launch_pdl"] and pdl["quantize"]["PDL"]
+    assert "launch_pdl" not in pdl["quantize"]   # the quantise launch itself waits for everything before it
+    assert all(pdl[name] == plain[name] for name in plain if name not in ("forward", "quantize"))

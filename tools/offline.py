@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -70,6 +71,9 @@ def _signature(kernel, args, kwargs):
     """Triton's signature, constants and divisibility hints for a recorded launch."""
     names = kernel.arg_names
     constexprs = {names.index(k): v for k, v in kwargs.items() if k in names}
+    for i, param in enumerate(kernel.params[len(args):], start=len(args)):   # a constexpr left at its default
+        if param.is_constexpr and i not in constexprs and param.default is not inspect.Parameter.empty:
+            constexprs[i] = param.default
     signature, attrs = {}, {}
     for i, (name, value) in enumerate(zip(names, args)):
         if type(value).__name__ == "TensorDescriptor":   # a Gluon kernel's TMA descriptor

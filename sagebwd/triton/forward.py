@@ -18,10 +18,11 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from ..validate import key_tile
 from . import registry
-from ._common import (LN2, LOG2E, empty_in_layout_of, int_to_float, program_tile, quantize_token_rows,
+from ._common import (INTERPRETING, LN2, LOG2E, empty_in_layout_of, int_to_float, program_tile, quantize_token_rows,
                       round_scaled_to_int8, to_k_order)
 from .launch import Tuning, arch_for, launch, launch_settings, overrides
 from .schedule import heads_per_section, tile_grid
@@ -139,9 +140,10 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN, Q, Q8T,
                     stride_qb, stride_qh, stride_qn, stride_qd, sm_scale, H, N, SECTION,
                     BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                     CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, TOKEN: tl.constexpr,
-                    QUANTIZE_Q: tl.constexpr = False, WRITE_QT: tl.constexpr = False):
+                    QUANTIZE_Q: tl.constexpr = False, WRITE_QT: tl.constexpr = False, PDL: tl.constexpr = False):
     """QUANTIZE_Q: Q (any strides) is quantised here into Q8, SQ and (WRITE_QT) Q8T; otherwise Q, Q8T and
-    the q strides are not read."""
+    the q strides are not read. PDL (launched as a programmatic dependent of the quantise launch): everything
+    before the grid-dependency wait reads only Q and writes only Q's buffers, which the quantise launch leaves."""
     # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).
     rank, bh = program_tile(N // BLOCK_M, SECTION)
     pid_m = N // BLOCK_M - 1 - rank
@@ -165,6 +167,8 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN, Q, Q8T,
         # 12.2 instead of 11.9 SASS per score element at d=64 and spill traffic at d=128 (docs/kernel-notes.md,
         # "Twelfth session"); the barrier makes the program's stores visible to all its threads.
         tl.debug_barrier()
+    if PDL and not INTERPRETING:
+        gdc_wait()   # the quantise launch's K^, V^ (and Q^ without QUANTIZE_Q) are written and visible
     q8 = tl.load(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
     # A program may hold part of a q quantisation block (BLOCK_M <= Q_BLOCK): fewer registers, more programs per SM.
     q_blk = start_m // Q_BLOCK
@@ -265,7 +269,7 @@ def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, 
         BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=keys, HEAD_DIM=d, CAUSAL=causal,
         SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=quant == "token", QUANTIZE_Q=q is not None,
         WRITE_QT=q8t is not None, **_launch_settings(rows, d, keys, causal, quant == "token", tuning),
-        tuning=tuning)
+        **({"PDL": True, "launch_pdl": True} if overrides(tuning).get("pdl") else {}), tuning=tuning)
     return o, lse
 
 

@@ -14,7 +14,7 @@ import torch
 from ._common import interpreting
 
 # Keyword arguments of a launch that are compiler options rather than kernel arguments.
-LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion")
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion", "launch_pdl")
 
 
 @dataclass

@@ -16,10 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (E4M3_MAX, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, interpreting, mul_rn, quantize_tile,
-                      quantize_token_rows, round_to_int8, to_e4m3, to_k_order)
+from triton.language.extra.cuda import gdc_launch_dependents
+
+from ._common import (E4M3_MAX, INTERPRETING, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, interpreting, mul_rn,
+                      quantize_tile, quantize_token_rows, round_to_int8, to_e4m3, to_k_order)
 from ..validate import key_tile
-from .launch import Tuning, launch
+from .launch import Tuning, launch, overrides
 
 
 @triton.jit
@@ -141,11 +143,14 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
                          stride_vb, stride_vh, stride_vn, stride_vd, H, N,
                          TILE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_V: tl.constexpr,
                          HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr, SMOOTH_Q: tl.constexpr, COLS: tl.constexpr,
-                         TOKEN: tl.constexpr, SKIP_Q: tl.constexpr = False):
+                         TOKEN: tl.constexpr, SKIP_Q: tl.constexpr = False, PDL: tl.constexpr = False):
     """The forward's three quantisations in one launch (program_id(2): Q, K, V), every program a
     tile of TILE rows: Q^ in rows (and cols for the backward), K^ likewise after K-smoothing, V^
     in cols only, per BLOCK_V rows (the forward's kv tile). TOKEN: Q and K with one scale per token.
-    SKIP_Q: K and V only (program_id(2): K, V), where the token forward quantises Q itself."""
+    SKIP_Q: K and V only (program_id(2): K, V), where the token forward quantises Q itself. PDL: the forward,
+    launched as a programmatic dependent, may start once every program has started."""
+    if PDL and not INTERPRETING:
+        gdc_launch_dependents()
     tile = tl.program_id(0)
     bh = tl.program_id(1)
     which = tl.program_id(2)
@@ -170,8 +175,9 @@ def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS,
                               TILE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
                               BLOCK_V: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_Q: tl.constexpr,
                               COLS: tl.constexpr, TOKEN: tl.constexpr, SKIP_Q: tl.constexpr,
-                              MEAN_ROWS: tl.constexpr, MEAN_STEP: tl.constexpr, CHUNKS_P2: tl.constexpr):
-    """_quantize_qkv_kernel with K-smoothing's mean (_mean_chunk) in the same launch.
+                              MEAN_ROWS: tl.constexpr, MEAN_STEP: tl.constexpr, CHUNKS_P2: tl.constexpr,
+                              PDL: tl.constexpr = False):
+    """_quantize_qkv_kernel with K-smoothing's mean (_mean_chunk) in the same launch (PDL as there).
 
     Every program takes a ticket (an atomic counter, COUNTERS[0]): tickets are handed out in the order programs
     start, so a program that waits only for lower tickets waits for programs that are running or done. Work
@@ -180,6 +186,8 @@ def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS,
     COUNTERS[1 + bh] counts its arrived chunks). The chunks wait for nothing, so no wait can deadlock, however
     many programs the GPU holds at once. LAG rounds of other work spare most K tiles the wait (and may find K
     still in L2 from its chunks' reads). The last LAG rounds hold K tiles only (their other programs exit)."""
+    if PDL and not INTERPRETING:
+        gdc_launch_dependents()
     ticket = tl.atomic_add(COUNTERS, 1, sem="relaxed")
     tiles = N // TILE
     if SKIP_Q:
@@ -352,7 +360,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
         mu_q if smooth_q else dummy, k8, k8t if cols else dummy, s_k, v8t, s_v,
         *q.stride(), *k.stride(), *v.stride(), h, n,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None,
-        SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, SKIP_Q=not quantize_q, num_warps=_warps(tile, d), tuning=tuning)
+        SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, SKIP_Q=not quantize_q, num_warps=_warps(tile, d),
+        **_pdl(tuning), tuning=tuning)
     return outputs
 
 
@@ -440,8 +449,14 @@ def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: b
         s_k, v8t, s_v, partial, counters, *q.stride(), *k.stride(), *v.stride(), h, n, b * h, chunks, lag,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_Q=smooth_q, COLS=cols,
         TOKEN=token, SKIP_Q=not quantize_q, MEAN_ROWS=rows, MEAN_STEP=step, CHUNKS_P2=triton.next_power_of_2(chunks),
-        num_warps=_warps(tile, d), tuning=tuning)
+        num_warps=_warps(tile, d), **_pdl(tuning), tuning=tuning)
     return (*outputs, k_mean)
+
+
+def _pdl(tuning: Tuning | None) -> dict:
+    """The quantise launch's PDL flag where a tool asks for the forward as its programmatic dependent (the
+    trial of docs/kernel-notes.md, "Thirteenth session"); nothing otherwise, so the op's launch is unchanged."""
+    return {"PDL": True} if overrides(tuning).get("pdl") else {}
 
 
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,

@@ -169,6 +169,9 @@ _SHAPE_ERRORS = [
     ("sections", *e) for e in _SHAPE_ERRORS] + [("prepass", *e) for e in _SHAPE_ERRORS] + [
     ("prepass", ["--lags", "-1"], "--lags must be >= 0"),
     ("prepass", ["--quant", "int4"], "invalid choice: 'int4'"),
+    ("prepass", ["--iters", "0"], "--iters and --repeats >= 1"),
+    ("prepass", ["--repeats", "0"], "--iters and --repeats >= 1"),
+    ("prepass", ["--layouts", "diagonal"], "invalid choice: 'diagonal'"),
     ("sections", ["--budgets-mib", "16", "0"], "each budget is a positive number of MiB"),
     ("sections", ["--rounds", "0"], "--rounds 0: at least 1"),
 ])

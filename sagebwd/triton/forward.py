@@ -24,7 +24,7 @@ from ..validate import key_tile
 from . import registry
 from ._common import (INTERPRETING, LN2, LOG2E, empty_in_layout_of, int_to_float, program_tile, quantize_token_rows,
                       round_scaled_to_int8, to_k_order)
-from .launch import Tuning, arch_for, launch, launch_settings, overrides
+from .launch import Tuning, arch_for, launch, launch_settings, overrides, pdl_requested
 from .schedule import heads_per_section, tile_grid
 
 
@@ -269,7 +269,7 @@ def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, 
         BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=keys, HEAD_DIM=d, CAUSAL=causal,
         SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=quant == "token", QUANTIZE_Q=q is not None,
         WRITE_QT=q8t is not None, **_launch_settings(rows, d, keys, causal, quant == "token", tuning),
-        **({"PDL": True, "launch_pdl": True} if overrides(tuning).get("pdl") else {}), tuning=tuning)
+        **({"PDL": True, "launch_pdl": True} if pdl_requested(tuning) else {}), tuning=tuning)
     return o, lse
 
 

@@ -188,6 +188,12 @@ def overrides(tuning: Tuning | None) -> dict:
     return tuning.overrides if tuning is not None else {}
 
 
+def pdl_requested(tuning: Tuning | None) -> bool:
+    """Whether a tool asks for the forward kernel as a programmatic dependent of the quantise launch (the
+    Tuning override "pdl"; docs/kernel-notes.md, "Thirteenth session"): both launches read this."""
+    return bool(overrides(tuning).get("pdl"))
+
+
 def launch_settings(name: str, default: dict, tuning: Tuning | None = None) -> dict:
     """The compiler options of kernel `name`: its defaults, with a tool's overrides."""
     if interpreting():

@@ -21,7 +21,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from ._common import (E4M3_MAX, INTERPRETING, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, interpreting, mul_rn,
                       quantize_tile, quantize_token_rows, round_to_int8, to_e4m3, to_k_order)
 from ..validate import key_tile
-from .launch import Tuning, launch, overrides
+from .launch import Tuning, launch, pdl_requested
 
 
 @triton.jit
@@ -271,6 +271,14 @@ MEAN_STEP_ELEMENTS = 8192   # what a program of the K mean loads at a time: 128 
 MAX_MEAN_CHUNKS = 64        # programs per head at most (longer sequences: more rows per program)
 
 
+def _mean_chunks(n: int, d: int) -> tuple[int, int, int]:
+    """(rows a chunk loads at a time, rows a chunk sums, chunks a head) of K's mean (_mean_chunk): at most
+    MAX_MEAN_CHUNKS chunks, each a multiple of MEAN_STEP_ELEMENTS / d rows."""
+    step = MEAN_STEP_ELEMENTS // d
+    rows = step * triton.cdiv(n, step * MAX_MEAN_CHUNKS)
+    return step, rows, triton.cdiv(n, rows)
+
+
 def sequence_mean(x: torch.Tensor, tuning: Tuning | None = None) -> torch.Tensor:
     """fp32 mean over the sequence, shape (B*H, D): the K-smoothing offset.
 
@@ -288,9 +296,7 @@ def sequence_mean(x: torch.Tensor, tuning: Tuning | None = None) -> torch.Tensor
 def _sequence_mean(x: torch.Tensor, tuning: Tuning | None = None) -> torch.Tensor:
     """sequence_mean by the kernel, on any device (the interpreter's test calls it on the CPU)."""
     b, h, n, d = x.shape
-    step = MEAN_STEP_ELEMENTS // d
-    rows = step * triton.cdiv(n, step * MAX_MEAN_CHUNKS)
-    chunks = triton.cdiv(n, rows)
+    step, rows, chunks = _mean_chunks(n, d)
     partial = torch.empty(b * h, chunks, d, device=x.device, dtype=torch.float32)
     arrived = torch.zeros(b * h, device=x.device, dtype=torch.int32)
     mean = torch.empty(b * h, d, device=x.device, dtype=torch.float32)
@@ -343,11 +349,9 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     b, h, n, d = q.shape
     assert k.shape == v.shape == q.shape, "q, k, v must have one shape"
     assert n % block_q == 0 and n % block_kv == 0, f"sequence length {n} is not a multiple of the blocks"
-    block_v = key_tile("token" if token else "block", block_kv)
+    block_v, tile = _qkv_tile(block_q, block_kv, token)
     assert n % block_v == 0, f"sequence length {n} is not a multiple of the forward's kv tile {block_v}"
-    # Every program a tile of the largest block; Q-smoothing's block mean needs its block whole.
-    tile = max(block_q, block_kv, block_v)
-    if smooth_q and block_q < tile:
+    if smooth_q and block_q < tile:   # Q-smoothing's block mean needs its block whole
         q8, q8t, s_q, mu_q = quantize_blocks(q, block_q, smooth_block=True, cols=cols, token=token, tuning=tuning)
         k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=cols, token=token, tuning=tuning)
         _, v8t, s_v, _ = quantize_blocks(v, block_v, rows=False, cols=True, tuning=tuning)
@@ -363,6 +367,14 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
         SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, SKIP_Q=not quantize_q, num_warps=_warps(tile, d),
         **_pdl(tuning), tuning=tuning)
     return outputs
+
+
+def _qkv_tile(block_q: int, block_kv: int, token: bool) -> tuple[int, int]:
+    """(V's block, the quantise launch's tile): V is quantised per the forward's kv tile (validate.key_tile), and
+    every program takes a tile of the largest block (with the smaller blocks' programs launched alone, one launch
+    took the register count and warps of the largest and ran slower)."""
+    block_v = key_tile("token" if token else "block", block_kv)
+    return block_v, max(block_q, block_kv, block_v)
 
 
 def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, smooth_q: bool, cols: bool,
@@ -413,9 +425,8 @@ def quantize_smoothed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blo
     sequence_mean's bits where the two launches reduce with the same warps): one pass instead of a mean kernel
     and then the quantise kernel. Elsewhere sequence_mean (on the CPU PyTorch's mean, the simulation's), then
     quantize_qkv."""
-    block_v = key_tile("token" if token else "block", block_kv)
     if (not mean_in_quantise_launch(k, tuning) or k.shape[-1] not in MEAN_IN_LAUNCH_HEAD_DIMS
-            or (smooth_q and block_q < max(block_q, block_kv, block_v))):
+            or (smooth_q and block_q < _qkv_tile(block_q, block_kv, token)[1])):
         k_mean = sequence_mean(k)
         return (*quantize_qkv(q, k, v, block_q, block_kv, k_mean=k_mean, smooth_q=smooth_q, cols=cols, token=token,
                               quantize_q=quantize_q, tuning=tuning), k_mean)
@@ -429,15 +440,12 @@ def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: b
     assert quantize_q or (token and not smooth_q), "only the token contract without Q-smoothing skips Q"
     b, h, n, d = q.shape
     assert k.shape == v.shape == q.shape, "q, k, v must have one shape"
-    block_v = key_tile("token" if token else "block", block_kv)
-    tile = max(block_q, block_kv, block_v)
+    block_v, tile = _qkv_tile(block_q, block_kv, token)
     assert n % tile == 0, f"sequence length {n} is not a multiple of the blocks"
     assert not smooth_q or block_q == tile, "Q-smoothing's block mean needs the launch's tile to be its block"
     outputs = _qkv_outputs(q, block_q, block_kv, block_v, smooth_q=smooth_q, cols=cols, token=token)
     q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v = outputs
-    step = MEAN_STEP_ELEMENTS // d
-    rows = step * triton.cdiv(n, step * MAX_MEAN_CHUNKS)
-    chunks = triton.cdiv(n, rows)
+    step, rows, chunks = _mean_chunks(n, d)
     partial = torch.empty(b * h, chunks, d, device=k.device, dtype=torch.float32)
     counters = torch.zeros(1 + 2 * b * h, device=k.device, dtype=torch.int32)   # ticket, arrived, mean ready
     k_mean = torch.empty(b * h, d, device=k.device, dtype=torch.float32)
@@ -454,9 +462,9 @@ def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: b
 
 
 def _pdl(tuning: Tuning | None) -> dict:
-    """The quantise launch's PDL flag where a tool asks for the forward as its programmatic dependent (the
-    trial of docs/kernel-notes.md, "Thirteenth session"); nothing otherwise, so the op's launch is unchanged."""
-    return {"PDL": True} if overrides(tuning).get("pdl") else {}
+    """The quantise launch's PDL flag where a tool asks for the forward as its programmatic dependent
+    (launch.pdl_requested); nothing otherwise, so the op's launch is unchanged."""
+    return {"PDL": True} if pdl_requested(tuning) else {}
 
 
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,

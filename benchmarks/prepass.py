@@ -7,11 +7,13 @@ Times what the op runs before its forward kernel, in the model's layout (q, k, v
 projection, the trainer's) or contiguous (B, H, N, D) tensors: "two launches" is the mean kernel
 (quantize.sequence_mean) and then the quantise launch given that mean (quantize.quantize_qkv); "lag L" is the
 one launch that takes the mean itself (quantize._quantize_qkv_with_mean, K's tiles L rounds of work after their
-head's mean; the op's default at d=64 is quantize.MEAN_LAG), the counters' zeroing included in both; "copies of
-the same bytes" reads and writes what the pass must (prepass_bytes) by PyTorch's dtype conversions, the memory's
-own cost in the same cache state; with --forward, "pre-pass + forward" is the op's whole forward (causal, for
-training: ops._forward_impl), and ", PDL" the same with the forward kernel a programmatic dependent of the quantise
-launch (Tuning override "pdl": its Q prologue may run while the quantise launch's last programs do). Each is
+head's mean; the op's default at d=64 is quantize.MEAN_LAG), the counters' zeroing included in both; "one copy of
+as many bytes" is a device copy that reads and writes as many bytes in all as the pass must (prepass_bytes), the
+memory's own rate at that size (PyTorch's dtype conversions of the same views, the first reference, ran at half
+the pass's rate: no reference); with --forward, "pre-pass + forward" is the op's whole forward (causal, for
+training: ops._forward_impl) with the forward kernel launched plainly ("PDL off") or as a programmatic dependent of
+the quantise launch ("PDL on": its Q prologue may run while the quantise launch's last programs do; the token
+contract's default on Hopper, launch.forward_pdl), by the Tuning override "pdl". Each is
 captured in a CUDA graph and replayed, so the host does not count; per shape, layout and contract (token: Q left to
 the forward, as the op runs it; block: Q, K and V), milliseconds per call (the median of --repeats replays of
 --iters calls) and the bytes the pre-pass must move per second (for the forward rows: over the pre-pass's bytes).
@@ -58,10 +60,10 @@ def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int,
     from sagebwd.triton import quantize
     b, h, n, d = shape
     if layout == "model":
-        qkv = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.bfloat16) + torch.randn(d, device="cuda")
+        qkv = (torch.randn(b, n, 3, h, d, device="cuda") + torch.randn(d, device="cuda")).to(torch.bfloat16)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     else:
-        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) + torch.randn(d, device="cuda")
+        q, k, v = ((torch.randn(b, h, n, d, device="cuda") + torch.randn(d, device="cuda")).to(torch.bfloat16)
                    for _ in range(3))
     token = quant == "token"
     options = dict(smooth_q=False, cols=True, token=token, quantize_q=not token)
@@ -69,22 +71,23 @@ def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int,
     def two_launches():
         quantize.quantize_qkv(q, k, v, 128, 64, k_mean=quantize.sequence_mean(k), **options)
 
-    def copies():   # the same reads and int8 writes as plain PyTorch conversions: what the memory alone costs
-        k.to(torch.int8), k.to(torch.int8), v.to(torch.int8)
-        if not token:
-            q.to(torch.int8), q.to(torch.int8)
-    variants = [("copies of the same bytes", copies), ("two launches", two_launches)]
+    moved = prepass_bytes(shape, quant)
+    src = torch.empty(moved // 2, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+
+    def copies():   # a device copy reading and writing as many bytes in all: what the memory alone costs
+        dst.copy_(src)
+    variants = [("one copy of as many bytes", copies), ("two launches", two_launches)]
     for lag in lags:
         variants.append((f"lag {lag}", lambda lag=lag: quantize._quantize_qkv_with_mean(q, k, v, 128, 64, lag=lag,
                                                                                          **options)))
     if with_forward:   # the op's forward as a whole (pre-pass + forward kernel), the forward a PDL dependent or not
         from sagebwd.triton import ops
         from sagebwd.triton.launch import Tuning
-        pdl = Tuning(overrides={"pdl": True})
-        for name, tuning in (("pre-pass + forward", None), ("pre-pass + forward, PDL", pdl)):
+        for name, tuning in (("pre-pass + forward, PDL off", Tuning(overrides={"pdl": False})),
+                             ("pre-pass + forward, PDL on", Tuning(overrides={"pdl": True}))):
             variants.append((name, lambda tuning=tuning: ops._forward_impl(q, k, v, True, True, False, 128, 64, token,
                                                                            True, "default", tuning)))
-    moved = prepass_bytes(shape, quant)
     rows = []
     for name, fn in variants:
         ms = graph_ms(fn, iters, repeats)
@@ -96,7 +99,7 @@ def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int,
 def prepass_bytes(shape, quant: str) -> int:
     """Bytes the pre-pass must move at least: K read twice (its mean, then its quantisation), V once, Q once in
     the block contract (the token forward reads Q itself), and their int8 copies written (K^ and K^T, V^T; Q^ and
-    Q^T); the scales and the mean's partial sums (under 1%) left out. The "copies" variant reads Q twice."""
+    Q^T); the scales and the mean's partial sums (under 1%) left out."""
     b, h, n, d = shape
     elements = b * h * n * d
     reads = 2 * (3 if quant == "token" else 4)   # bf16: K twice, V, (Q)

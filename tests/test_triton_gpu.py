@@ -75,8 +75,9 @@ def test_k_mean_in_the_quantise_launch(shape, token, lag):
 @pytest.mark.parametrize("quant", ["token", "block"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_forward_as_a_programmatic_dependent_changes_no_bit(quant, head_dim):
-    """The forward kernel launched as a programmatic dependent of the quantise launch (Tuning override "pdl",
-    benchmarks.prepass --forward): the same O, LSE and quantised operands, eagerly and replayed from a CUDA graph."""
+    """The forward kernel launched as a programmatic dependent of the quantise launch (the token contract's default
+    on Hopper, launch.forward_pdl; the Tuning override "pdl" for the block contract): the same O, LSE and quantised
+    operands as launched plainly, eagerly and replayed from a CUDA graph."""
     from sagebwd.triton import ops
     from sagebwd.triton.launch import Tuning
 
@@ -87,8 +88,9 @@ def test_forward_as_a_programmatic_dependent_changes_no_bit(quant, head_dim):
 
     def run(tuning):
         return ops._forward_impl(q, k, v, True, True, False, 128, 64, quant == "token", True, "default", tuning)
-    plain = run(None)
+    plain = run(Tuning(overrides={"pdl": False}))
     assert all(torch.equal(a, b) for a, b in zip(plain, run(pdl))), "the PDL launch changed an output"
+    assert all(torch.equal(a, b) for a, b in zip(plain, run(None))), "the default launch changed an output"
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

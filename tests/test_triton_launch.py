@@ -316,17 +316,24 @@ def test_prepass_counts_the_bytes_the_pass_must_move():
 
 
 @pytest.mark.parametrize("quant", ["token", "block"])
-def test_pdl_is_a_tools_choice_and_changes_only_the_forward_and_quantise_launches(quant):
-    """Tuning(overrides={"pdl": True}) launches the forward kernel as a programmatic dependent (launch_pdl, and its
-    PDL wait) of the quantise launch (its PDL trigger); without it neither launch names either, so the op's own
-    launches are unchanged (the kernels' instructions too: tools.offline --ptx-digest --instructions-only)."""
+def test_the_token_forward_is_the_quantise_launchs_programmatic_dependent_on_hopper(quant):
+    """launch.forward_pdl: on Hopper the token forward (it quantises Q itself) is launched as a programmatic dependent
+    (launch_pdl, and its PDL wait) of the quantise launch (its PDL trigger); the block forward is not; a tool's
+    Tuning override "pdl" decides either way; and only those two launches change."""
     import torch
 
+    from sagebwd.triton.launch import Tuning, forward_pdl
     from tools.offline import recorded_fwd_bwd
     q, k, v, do = [torch.randn(1, 2, 256, 64).bfloat16() for _ in range(4)]
-    plain = {name: kw for name, _, _, kw in recorded_fwd_bwd(q, k, v, do, quant=quant)}
-    pdl = {name: kw for name, _, _, kw in recorded_fwd_bwd(q, k, v, do, quant=quant, overrides={"pdl": True})}
-    assert not any("PDL" in kw or "launch_pdl" in kw for kw in plain.values())
-    assert pdl["forward"]["PDL"] and pdl["forward"]["launch_pdl"] and pdl["quantize"]["PDL"]
-    assert "launch_pdl" not in pdl["quantize"]   # the quantise launch itself waits for everything before it
-    assert all(pdl[name] == plain[name] for name in plain if name not in ("forward", "quantize"))
+    on = {name: kw for name, _, _, kw in recorded_fwd_bwd(q, k, v, do, quant=quant, overrides={"pdl": True})}
+    off = {name: kw for name, _, _, kw in recorded_fwd_bwd(q, k, v, do, quant=quant, overrides={"pdl": False})}
+    default = {name: kw for name, _, _, kw in recorded_fwd_bwd(q, k, v, do, quant=quant)}
+    assert default == (on if quant == "token" else off)
+    assert not any("PDL" in kw or "launch_pdl" in kw for kw in off.values())
+    assert on["forward"]["PDL"] and on["forward"]["launch_pdl"] and on["quantize"]["PDL"]
+    assert "launch_pdl" not in on["quantize"]   # the quantise launch itself waits for everything before it
+    assert all(on[name] == off[name] for name in off if name not in ("forward", "quantize"))
+    # not on another architecture, nor under the interpreter (a CPU tensor), unless a tool asks
+    assert not forward_pdl(q.device, True, None) and not forward_pdl(q.device, True, Tuning(arch="generic"))
+    assert forward_pdl(q.device, True, Tuning(arch="sm90")) and not forward_pdl(q.device, False, Tuning(arch="sm90"))
+    assert forward_pdl(q.device, False, Tuning(overrides={"pdl": True}))

@@ -24,7 +24,7 @@ from ..validate import key_tile
 from . import registry
 from ._common import (INTERPRETING, LN2, LOG2E, empty_in_layout_of, int_to_float, program_tile, quantize_token_rows,
                       round_scaled_to_int8, to_k_order)
-from .launch import Tuning, arch_for, launch, launch_settings, overrides, pdl_requested
+from .launch import Tuning, arch_for, launch, launch_settings, overrides
 from .schedule import heads_per_section, tile_grid
 
 
@@ -249,9 +249,11 @@ def _launch_settings(rows: int, head_dim: int, keys: int, causal: bool, token: b
 
 
 def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, mu_q, k, k_mean, block_q: int,
-        block_kv: int, layout_of, quant: str = "block", q=None, q8t=None, tuning: Tuning | None = None):
+        block_kv: int, layout_of, quant: str = "block", q=None, q8t=None, pdl: bool = False,
+        tuning: Tuning | None = None):
     """The Triton forward kernel (registry: forward "triton", both contracts): (O, LSE), as forward() says;
-    with q (token, no Q-smoothing) it writes q8, s_q and q8t (if given) from q first."""
+    with q (token, no Q-smoothing) it writes q8, s_q and q8t (if given) from q first. pdl: launched as the
+    quantise launch's programmatic dependent (its caller launched that with the trigger: launch.forward_pdl)."""
     b, h, n, d = q8.shape
     smooth_q = mu_q is not None
     assert q is None or (quant == "token" and not smooth_q), "the forward quantises Q in the token contract only"
@@ -269,13 +271,14 @@ def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, 
         BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=keys, HEAD_DIM=d, CAUSAL=causal,
         SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=quant == "token", QUANTIZE_Q=q is not None,
         WRITE_QT=q8t is not None, **_launch_settings(rows, d, keys, causal, quant == "token", tuning),
-        **({"PDL": True, "launch_pdl": True} if pdl_requested(tuning) else {}), tuning=tuning)
+        **({"PDL": True, "launch_pdl": True} if pdl else {}), tuning=tuning)
     return o, lse
 
 
 def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool,
             mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, layout_of=None,
-            kernels: str = "default", quant: str = "block", q=None, q8t=None, tuning: Tuning | None = None):
+            kernels: str = "default", quant: str = "block", q=None, q8t=None, pdl: bool = False,
+            tuning: Tuning | None = None):
     """O (B,H,N,D) in out_dtype, in layout_of's memory order (contiguous without it;
     _common.empty_in_layout_of), and LSE (B,H,N) fp32 from the quantised operands, by the
     registry's forward kernel for this device and `kernels`.
@@ -284,14 +287,17 @@ def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bo
     only with Q-smoothing (mu_q not None), for the bias mu_i . K_sm^T. quant: the contract; with
     "token", s_q and s_k are per token (B,H,N). q (token, no Q-smoothing): Q itself, which the kernel
     quantises into q8, s_q and q8t (quantize_qkv's, left unwritten with quantize_q=False; q8t None for inference).
+    pdl: launched as a programmatic dependent of the quantise launch just before it (launch.forward_pdl), which
+    must write nothing the kernel reads before its wait (Q itself: q given).
     """
     arch = arch_for(q8.device, tuning)
     kernel = registry.resolve(arch, q8.shape[-1], "forward", quant, kernels, block_q=block_q, block_kv=block_kv,
                               smooth_q=mu_q is not None, seq=q8.shape[2], causal=causal)
     extra = {}
-    if q is not None:
-        assert kernel.name == "triton", f"forward kernel {kernel.name!r} does not quantise Q (the Triton one does)"
-        extra = dict(q=q, q8t=q8t)
+    if q is not None or pdl:
+        assert kernel.name == "triton", (f"forward kernel {kernel.name!r} neither quantises Q nor waits as a "
+                                         "programmatic dependent (the Triton one does)")
+        extra = dict(q=q, q8t=q8t, pdl=pdl)
     return registry.load(kernel)(q8, k8, v8t, s_q, s_k, s_v, out_dtype=out_dtype, causal=causal, smooth_k=smooth_k,
                                  mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv,
                                  layout_of=layout_of, quant=quant, tuning=tuning, **extra)

@@ -188,10 +188,16 @@ def overrides(tuning: Tuning | None) -> dict:
     return tuning.overrides if tuning is not None else {}
 
 
-def pdl_requested(tuning: Tuning | None) -> bool:
-    """Whether a tool asks for the forward kernel as a programmatic dependent of the quantise launch (the
-    Tuning override "pdl"; docs/kernel-notes.md, "Thirteenth session"): both launches read this."""
-    return bool(overrides(tuning).get("pdl"))
+def forward_pdl(device, q_in_forward: bool, tuning: Tuning | None) -> bool:
+    """Whether the op launches its forward kernel as a programmatic dependent (PDL) of the quantise launch: on
+    Hopper where the forward quantises Q itself (the token contract without Q-smoothing). Its Q prologue reads and
+    writes nothing of the quantise launch's, so it runs while that launch's last programs do; H100: the op's
+    forward 1-2% faster at all three benchmark shapes (docs/kernel-notes.md, "Fourteenth session"). A tool's
+    Tuning override "pdl" (True or False) decides instead."""
+    choice = overrides(tuning).get("pdl")
+    if choice is not None:
+        return bool(choice)
+    return q_in_forward and arch_for(device, tuning) == "sm90"
 
 
 def launch_settings(name: str, default: dict, tuning: Tuning | None = None) -> dict:

@@ -18,7 +18,7 @@ from . import backward as _bwd
 from . import forward as _fwd
 from . import quantize as _quant
 from ._common import empty_in_layout_of
-from .launch import Tuning
+from .launch import Tuning, forward_pdl
 
 _LIB = "sagebwd_triton"
 _MAX_BLOCK = 256   # larger tiles would not fit in registers
@@ -54,7 +54,9 @@ def _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
     # The token contract without Q-smoothing: the forward kernel quantises Q (per token: nothing beyond each
     # row), so the quantise pass moves K and V only (docs/kernel-notes.md, "Twelfth session").
     q_in_forward = token and not smooth_q
-    options = dict(smooth_q=smooth_q, cols=for_backward, token=token, quantize_q=not q_in_forward, tuning=tuning)
+    pdl = forward_pdl(q.device, q_in_forward, tuning)   # the forward a programmatic dependent of the quantise launch
+    options = dict(smooth_q=smooth_q, cols=for_backward, token=token, quantize_q=not q_in_forward, pdl=pdl,
+                   tuning=tuning)
     if smooth_k:   # K's mean is taken in the quantise launch on a GPU (quantize_smoothed_qkv)
         q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v, k_mean = _quant.quantize_smoothed_qkv(q, k, v, block_q, block_kv,
                                                                                          **options)
@@ -65,7 +67,7 @@ def _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
     o, lse = _fwd.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=q.dtype, causal=causal, smooth_k=smooth_k,
                           mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv, layout_of=q,
                           kernels=kernels, quant=_quant_name(token), q=q if q_in_forward else None,
-                          q8t=q8t if q_in_forward else None, tuning=tuning)
+                          q8t=q8t if q_in_forward else None, pdl=pdl, tuning=tuning)
     def unused(dtype=torch.float32):   # a fresh empty tensor each: op outputs must not alias
         return torch.empty(0, device=q.device, dtype=dtype)
     return (o, lse, q8, q8t if for_backward else unused(torch.int8), s_q, k8,

@@ -21,7 +21,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from ._common import (E4M3_MAX, INTERPRETING, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, interpreting, mul_rn,
                       quantize_tile, quantize_token_rows, round_to_int8, to_e4m3, to_k_order)
 from ..validate import key_tile
-from .launch import Tuning, launch, pdl_requested
+from .launch import Tuning, launch
 
 
 @triton.jit
@@ -334,7 +334,7 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_kv: int, *,
                  k_mean: torch.Tensor | None, smooth_q: bool, cols: bool, token: bool = False,
-                 quantize_q: bool = True, tuning: Tuning | None = None):
+                 quantize_q: bool = True, pdl: bool = False, tuning: Tuning | None = None):
     """quantize_blocks of q (block_q; Q-smoothing if smooth_q), k (block_kv; minus k_mean if given)
     and v (the forward's kv tile, validate.key_tile; cols only) in one launch: (q8, q8t, s_q,
     mu_q, k8, k8t, s_k, v8t, s_v), the cols of q and k only if `cols` (the backward's operands), else
@@ -344,7 +344,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     programs as launched alone (64 rows, 4 warps at d=128), one launch took the register count
     and warps of the largest and ran 22-57% slower than the three launches together.
     quantize_q False (token, no Q-smoothing): K and V only; q8, q8t and s_q are returned unwritten, for the
-    token forward to fill (forward.run with q)."""
+    token forward to fill (forward.run with q). pdl: the forward is launched next as this launch's programmatic
+    dependent (launch.forward_pdl): every program triggers it as it starts."""
     assert quantize_q or (token and not smooth_q), "only the token contract without Q-smoothing skips Q"
     b, h, n, d = q.shape
     assert k.shape == v.shape == q.shape, "q, k, v must have one shape"
@@ -365,7 +366,7 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
         *q.stride(), *k.stride(), *v.stride(), h, n,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None,
         SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, SKIP_Q=not quantize_q, num_warps=_warps(tile, d),
-        **_pdl(tuning), tuning=tuning)
+        **_pdl(pdl), tuning=tuning)
     return outputs
 
 
@@ -416,7 +417,7 @@ def mean_in_quantise_launch(k: torch.Tensor, tuning: Tuning | None) -> bool:
 
 def quantize_smoothed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_kv: int, *,
                           smooth_q: bool, cols: bool, token: bool = False, quantize_q: bool = True,
-                          tuning: Tuning | None = None):
+                          pdl: bool = False, tuning: Tuning | None = None):
     """quantize_qkv with K-smoothing by K's sequence mean, and that mean: (q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t,
     s_v, k_mean (B*H, D) fp32).
 
@@ -429,13 +430,14 @@ def quantize_smoothed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blo
             or (smooth_q and block_q < _qkv_tile(block_q, block_kv, token)[1])):
         k_mean = sequence_mean(k)
         return (*quantize_qkv(q, k, v, block_q, block_kv, k_mean=k_mean, smooth_q=smooth_q, cols=cols, token=token,
-                              quantize_q=quantize_q, tuning=tuning), k_mean)
+                              quantize_q=quantize_q, pdl=pdl, tuning=tuning), k_mean)
     return _quantize_qkv_with_mean(q, k, v, block_q, block_kv, smooth_q=smooth_q, cols=cols, token=token,
-                                   quantize_q=quantize_q, tuning=tuning)
+                                   quantize_q=quantize_q, pdl=pdl, tuning=tuning)
 
 
 def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: bool, cols: bool, token: bool,
-                            quantize_q: bool, tuning: Tuning | None = None, lag: int | None = None):
+                            quantize_q: bool, pdl: bool = False, tuning: Tuning | None = None,
+                            lag: int | None = None):
     """quantize_smoothed_qkv's one launch, on any device (the interpreter's test calls it on the CPU)."""
     assert quantize_q or (token and not smooth_q), "only the token contract without Q-smoothing skips Q"
     b, h, n, d = q.shape
@@ -457,14 +459,14 @@ def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: b
         s_k, v8t, s_v, partial, counters, *q.stride(), *k.stride(), *v.stride(), h, n, b * h, chunks, lag,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_Q=smooth_q, COLS=cols,
         TOKEN=token, SKIP_Q=not quantize_q, MEAN_ROWS=rows, MEAN_STEP=step, CHUNKS_P2=triton.next_power_of_2(chunks),
-        num_warps=_warps(tile, d), **_pdl(tuning), tuning=tuning)
+        num_warps=_warps(tile, d), **_pdl(pdl), tuning=tuning)
     return (*outputs, k_mean)
 
 
-def _pdl(tuning: Tuning | None) -> dict:
-    """The quantise launch's PDL flag where a tool asks for the forward as its programmatic dependent
-    (launch.pdl_requested); nothing otherwise, so the op's launch is unchanged."""
-    return {"PDL": True} if pdl_requested(tuning) else {}
+def _pdl(pdl: bool) -> dict:
+    """The quantise launch's PDL trigger where the forward is its programmatic dependent (launch.forward_pdl);
+    nothing otherwise, so that launch's kernel is the one without it."""
+    return {"PDL": True} if pdl else {}
 
 
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,

@@ -24,7 +24,8 @@ row = {"config": "experiments/configs/gpu-124m.yaml", "seq_len": 4096, "micro_ba
        "loss": "chunked", "engine": "deepspeed", "error": None}
 rows = [{**row, "attention": a, "step_ms": step[a] * (1 + 0.01 * n * (a == "sagebwd-token"))} for a in attentions]
 rows.append({**row, "loss": "plain", "attention": attentions[0], "step_ms": None, "error": "OOM"})
-json.dump({"environment": {"device": "stand-in"}, "rows": rows}, open(sys.argv[sys.argv.index("--out") + 1], "w"))
+json.dump({"environment": {"device": "stand-in"}, "args": {"attention": attentions}, "rows": rows},
+          open(sys.argv[sys.argv.index("--out") + 1], "w"))
 '''
 
 
@@ -84,3 +85,38 @@ def test_bad_arguments_are_refused_with_the_reason(argv, message, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_combine_summarises_earlier_runs_pairs_together(stand_in, capsys):
+    """--combine: the pairs of two earlier runs (3 + 2) in one table, each pair's order from its own arguments."""
+    first, second = stand_in / "a.json", stand_in / "b.json"
+    assert main(["--pairs", "3", "--module", "standin_pairs", "--json", str(first), "--", "--steps", "20"]) == 0
+    assert main(["--pairs", "2", "--module", "standin_pairs", "--json", str(second), "--", "--steps", "20"]) == 0
+    capsys.readouterr()
+    both = stand_in / "both.json"
+    assert main(["--combine", str(first), str(second), "--json", str(both)]) == 0
+    runs = [json.loads(p.read_text())["rows"] for p in (first, second)]
+    (name, row), = json.loads(both.read_text())["rows"].items()
+    assert row["ratios"] == runs[0][name]["ratios"] + runs[1][name]["ratios"]
+    assert row["summary"] == pytest.approx(summary(row["ratios"]))
+    printed = capsys.readouterr().out
+    assert "| 4 (fpa first) |" in printed and "| 5 (sagebwd-token first) |" in printed and "**mean of 5**" in printed
+    again = stand_in / "again.json"   # a combined file combines again, to the same pairs
+    assert main(["--combine", str(both), "--json", str(again)]) == 0
+    assert json.loads(again.read_text())["rows"] == json.loads(both.read_text())["rows"]
+
+
+def test_combine_refuses_runs_of_another_comparison_or_unreadable_files(stand_in, capsys):
+    first, other = stand_in / "a.json", stand_in / "other.json"
+    assert main(["--pairs", "2", "--module", "standin_pairs", "--json", str(first), "--", "--steps", "20"]) == 0
+    assert main(["--pairs", "2", "--module", "standin_pairs", "--json", str(other), "--", "--steps", "40"]) == 0
+    with pytest.raises(SystemExit, match="benchmark_args differ .* combine runs of one comparison only"):
+        main(["--combine", str(first), str(other)])
+    with pytest.raises(SystemExit, match="not a readable benchmarks.pairs --json file"):
+        main(["--combine", str(first), str(stand_in / "missing.json")])
+    (stand_in / "plain.json").write_text("{}")
+    with pytest.raises(SystemExit, match="not a benchmarks.pairs --json file"):
+        main(["--combine", str(stand_in / "plain.json")])
+    with pytest.raises(SystemExit):
+        main(["--combine", str(first), "--", "--steps", "20"])
+    assert "runs nothing" in capsys.readouterr().err

@@ -58,13 +58,7 @@ def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int,
     import torch
 
     from sagebwd.triton import quantize
-    b, h, n, d = shape
-    if layout == "model":
-        qkv = (torch.randn(b, n, 3, h, d, device="cuda") + torch.randn(d, device="cuda")).to(torch.bfloat16)
-        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-    else:
-        q, k, v = ((torch.randn(b, h, n, d, device="cuda") + torch.randn(d, device="cuda")).to(torch.bfloat16)
-                   for _ in range(3))
+    q, k, v = prepass_inputs(shape, layout, "cuda")
     token = quant == "token"
     options = dict(smooth_q=False, cols=True, token=token, quantize_q=not token)
 
@@ -94,6 +88,19 @@ def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int,
         rows.append({"shape": list(shape), "layout": layout, "quant": quant, "variant": name, "ms": ms,
                      "bytes": moved, "tb_per_s": moved / (ms * 1e-3) / 1e12})
     return rows
+
+
+def prepass_inputs(shape, layout: str, device):
+    """q, k, v in bf16 with a per-channel offset (K-smoothing's case): views of one (B, N, 3, H, D) projection
+    ("model", the trainer's) or contiguous (B, H, N, D) tensors. (Built in fp32 and converted: a bf16 tensor plus an
+    fp32 offset is fp32, which the thirteenth session's runs timed by mistake.)"""
+    import torch
+    b, h, n, d = shape
+    if layout == "model":
+        qkv = (torch.randn(b, n, 3, h, d, device=device) + torch.randn(d, device=device)).to(torch.bfloat16)
+        return tuple(qkv[:, :, i].transpose(1, 2) for i in range(3))
+    return tuple((torch.randn(b, h, n, d, device=device) + torch.randn(d, device=device)).to(torch.bfloat16)
+                 for _ in range(3))
 
 
 def prepass_bytes(shape, quant: str) -> int:

@@ -306,6 +306,24 @@ def test_dq_add_bench_beside_mode_says_it_needs_a_gpu(monkeypatch, capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("layout", ["model", "contiguous"])
+def test_prepass_times_bf16_inputs_and_the_quantise_launches_refuse_fp32(layout):
+    """benchmarks.prepass's inputs are bf16 (B, H, N, D) views in both layouts (an fp32 offset once made them fp32,
+    which the kernels quantised without complaint at twice the bytes); quantize's launches now refuse fp32."""
+    import torch
+
+    from benchmarks.prepass import prepass_inputs
+    from sagebwd.triton import quantize
+    q, k, v = prepass_inputs((1, 2, 256, 64), layout, "cpu")
+    assert q.dtype == k.dtype == v.dtype == torch.bfloat16 and q.shape == (1, 2, 256, 64)
+    assert (q.stride(1), q.stride(2)) == ((64, 3 * 2 * 64) if layout == "model" else (256 * 64, 64))
+    with pytest.raises(AssertionError, match="fp16/bf16, got torch.float32"):
+        quantize.quantize_qkv(q.float(), k, v, 128, 64, k_mean=None, smooth_q=False, cols=True)
+    with pytest.raises(AssertionError, match="fp16/bf16, got torch.float32"):
+        quantize._quantize_qkv_with_mean(q.float(), k.float(), v.float(), 128, 64, smooth_q=False, cols=True,
+                                         token=True, quantize_q=False)
+
+
 def test_prepass_counts_the_bytes_the_pass_must_move():
     """benchmarks.prepass's bandwidth column: K read twice, V once (and Q in the block contract) in bf16, and the
     int8 copies written (K^, K^T, V^T; Q^, Q^T)."""

@@ -26,9 +26,7 @@ _MAX_BLOCK = 256   # larger tiles would not fit in registers
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_kv: int) -> None:
     # Cheap checks; sagebwd.api validates fully (with messages for users) before dispatching here.
-    assert q.dim() == 4 and q.shape == k.shape == v.shape, "q, k, v must be (batch, heads, seq, head_dim), equal"
-    assert q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16), \
-        f"triton backend takes fp16/bf16, got {q.dtype}"
+    _quant.check_qkv(q, k, v)
     assert q.shape[-1] in (64, 128), f"head_dim must be 64 or 128, got {q.shape[-1]}"
     for name, blk in (("block_q", block_q), ("block_kv", block_kv)):
         assert 16 <= blk <= _MAX_BLOCK and blk & (blk - 1) == 0, f"{name}={blk}: a power of two in [16, 256]"

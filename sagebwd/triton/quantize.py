@@ -332,6 +332,14 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
     return out_rows, out_cols, scale, block_mean
 
 
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The quantise launches' inputs (and the op's): q, k, v of one (batch, heads, seq, head_dim) shape and one 16-bit
+    float dtype (the kernels would quantise fp32 too, reading twice the bytes the op is timed and sized for)."""
+    assert q.dim() == 4 and q.shape == k.shape == v.shape, "q, k, v must be (batch, heads, seq, head_dim), equal"
+    assert q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16), \
+        f"triton backend takes fp16/bf16, got {q.dtype}, {k.dtype}, {v.dtype}"
+
+
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, block_kv: int, *,
                  k_mean: torch.Tensor | None, smooth_q: bool, cols: bool, token: bool = False,
                  quantize_q: bool = True, pdl: bool = False, tuning: Tuning | None = None):
@@ -347,8 +355,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     token forward to fill (forward.run with q). pdl: the forward is launched next as this launch's programmatic
     dependent (launch.forward_pdl): every program triggers it as it starts."""
     assert quantize_q or (token and not smooth_q), "only the token contract without Q-smoothing skips Q"
+    check_qkv(q, k, v)
     b, h, n, d = q.shape
-    assert k.shape == v.shape == q.shape, "q, k, v must have one shape"
     assert n % block_q == 0 and n % block_kv == 0, f"sequence length {n} is not a multiple of the blocks"
     block_v, tile = _qkv_tile(block_q, block_kv, token)
     assert n % block_v == 0, f"sequence length {n} is not a multiple of the forward's kv tile {block_v}"
@@ -440,8 +448,8 @@ def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: b
                             lag: int | None = None):
     """quantize_smoothed_qkv's one launch, on any device (the interpreter's test calls it on the CPU)."""
     assert quantize_q or (token and not smooth_q), "only the token contract without Q-smoothing skips Q"
+    check_qkv(q, k, v)
     b, h, n, d = q.shape
-    assert k.shape == v.shape == q.shape, "q, k, v must have one shape"
     block_v, tile = _qkv_tile(block_q, block_kv, token)
     assert n % tile == 0, f"sequence length {n} is not a multiple of the blocks"
     assert not smooth_q or block_q == tile, "Q-smoothing's block mean needs the launch's tile to be its block"

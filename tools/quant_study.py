@@ -78,6 +78,13 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      the rounded terms summed exactly. Everything else is variant a. ``fixed_point_headroom`` reports how loose
      the bound is (bits of precision left) and that no sum leaves int32. Not in the default list.
 
+  dos  the dK/dV kernel's Y^T = dS^T s_Q with s_Q moved into its dP^T product, so that the kernel reads no
+     s_Q or delta s_Q per column (docs/kernel-notes.md, "Fourteenth session": those reads cost the d=64 dK/dV
+     ~13%): dP^T s_Q - delta s_Q = V [dO s_Q | -delta s_Q]^T, dO s_Q rounded to bf16 (the preprocess would
+     write it) and -delta s_Q as two bf16 terms (hi + lo) beside it, the product summed in fp32;
+     then Y = P (that), quantised per (kv token, q block) as in the contract. dQ's dS (X) and everything else is
+     variant a. Not in the default list.
+
 Variants e and f keep the backward's token-contract formulas (X = dS s_K, Y = dS s_Q) with the
 group scale of each token. Fake quantisation: FP8 values are rounded to e4m3 (round to nearest even,
 subnormals kept, clamped to +-448) and the products of dequantised values are summed in fp64; the
@@ -121,6 +128,7 @@ VARIANTS = {
     "dpf8": "bwd dP = dO V^T in FP8 e4m3: dO per q token, V per kv token (amax / 448)",
     "dpi8b": "bwd dP = dO V^T in INT8: dO per (block_q x D) block, V per kv token",
     "dqfix": "bwd dQ's sum over key tiles in int32 fixed point, a power-of-two quantum per q row from a bound",
+    "dos": "bwd dK's Y^T from V [dO s_Q | -delta s_Q]^T: dO s_Q in 16 bits, delta s_Q as hi + lo (no column reads)",
 }
 DP_VARIANTS = ("dpi8", "dpf8", "dpi8b")
 WIDE_TILE = 128   # keys one INT8 product P^ V^ spans in p128 / p128vc
@@ -297,6 +305,30 @@ def quantized_dp(do: torch.Tensor, v: torch.Tensor, cfg: SageConfig, variant: st
     return dp.to(ct)
 
 
+def prescaled_do_dk(saved, inter, do: torch.Tensor, cfg: SageConfig, rounded: bool = True) -> torch.Tensor:
+    """dK of variant dos: Y = P (dP s_Q - delta s_Q) with both terms from one product, V [dO s_Q | -delta s_Q]^T:
+    dO s_Q rounded to bf16 (what a preprocess would write; the study's inputs are fp32, the kernels' bf16),
+    -delta s_Q split into two bf16 terms (hi, lo) whose partner columns of V are ones, the sum in fp32; Y
+    quantised per (kv token, q block) and multiplied by Q^ as simulate._token_products does. rounded False: the
+    same without the bf16 roundings (the contract's dK up to float rounding: the tests' check of the algebra)."""
+    b, h, n, d = saved.v.shape
+    ct, dtype = compute_dtype(saved.v.dtype), saved.v.dtype
+    sm_scale = 1.0 / math.sqrt(d)
+    tm, bq = n // cfg.block_q, cfg.block_q
+    s_q = saved.s_q.unsqueeze(-1)   # per q row
+    def bf16(x):
+        return x.to(torch.bfloat16).to(ct) if rounded else x
+    do_s = bf16(do.to(ct) * s_q)
+    delta_s = inter.delta.unsqueeze(-1) * s_q
+    hi = bf16(delta_s)
+    lo = bf16(delta_s - hi)
+    dp_s = do_s @ saved.v.to(ct).transpose(-1, -2) - (hi + lo)
+    y = _backward_p(saved, cfg) * dp_s
+    y_hat, s_y = quantize_groups(y, bq, -2, cfg.quantize)   # s_y (B,H,Tm,N)
+    yq = torch.einsum("bhiqn,bhiqd->bhind", y_hat.reshape(b, h, tm, bq, n), saved.q_hat.reshape(b, h, tm, bq, d))
+    return (yq * s_y[..., None] * sm_scale).sum(dim=2).to(dtype)
+
+
 def backward_with_dp(saved, do: torch.Tensor, dp: torch.Tensor, cfg: SageConfig):
     """(dQ, dK, dV, dS as dQ consumes it) of the simulation's backward with ``dp`` in place of its dO V^T. With the
     simulation's own dP this is variant a, bit for bit (tests)."""
@@ -371,6 +403,9 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
         elif name == "dqfix":
             dq_f, stats = fixed_point_dq(saved, inter, do, cfg)
             out[name] = {**base, "dq": dq_f, "stats": stats}
+        elif name == "dos":   # dK only: dQ, dV and dS as the contract's
+            assert saved.mu_q is None, "variant dos is studied without Q-smoothing"
+            out[name] = {**base, "dk": prescaled_do_dk(saved, inter, do, cfg)}
         elif name in DP_VARIANTS:   # O, delta and dV as the contract's; dP enters dS only
             dq_p, dk_p, dv_p, ds_p = backward_with_dp(saved, do, quantized_dp(do, v, cfg, name), cfg)
             out[name] = {**base, "dq": dq_p, "dk": dk_p, "dv": dv_p, "ds": ds_p}

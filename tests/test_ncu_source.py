@@ -55,3 +55,32 @@ def test_a_details_page_or_a_profile_without_samples_says_what_to_do(tmp_path, c
     with pytest.raises(SystemExit):
         ncu_source.main([str(FIXTURE), "--top", "0"])
     assert "--top must be at least 1" in capsys.readouterr().err
+
+
+def test_consumers_groups_a_waiting_opcode_by_what_reads_its_result(tmp_path, capsys):
+    """--consumers FFMA short_sb: each FFMA's short-scoreboard samples go to the opcode of the first later
+    instruction that reads its destination register (modifiers, negation and |abs| stripped), here an FMUL for one
+    and an exp2 for the other, as in the token dK/dV's Y^T and P^T (docs/kernel-notes.md, "Fourteenth session")."""
+    csv = tmp_path / "dkdv.csv"
+    rows = [("0x10", "FFMA R1, R2, R3, -R4", 10, 10), ("0x20", "FMUL R5, R6, R7", 3, 0),
+            ("0x30", "FMUL R8, R1.reuse, R9", 2, 0), ("0x40", "FFMA R10, R2, R3, -R4", 5, 5),
+            ("0x50", "MUFU.EX2 R11, |R10|", 4, 0), ("0x60", "FFMA R12, R2, R3, R4", 6, 0)]
+    csv.write_text('"Kernel Name","_dkdv_ws_kernel",\n'
+                   '"Address","Source","Warp Stall Sampling (All Samples)","stall_short_sb","stall_selected"\n'
+                   + "".join(f'"{a}","{src}","{n}","{sb}","{n - sb}"\n' for a, src, n, sb in rows))
+    profile = ncu_source.read(str(csv))
+    assert ncu_source.destination("@P0 FFMA R1, R2, R3, -R4") == "R1" and ncu_source.destination("BAR.SYNC 0x0") is None
+    assert ncu_source.consumers(profile, "FFMA", "short_sb") == {"FMUL": pytest.approx(10 / 30),
+                                                                "MUFU.EX2": pytest.approx(5 / 30)}
+    assert ncu_source.main([str(csv), "--consumers", "FFMA", "short_sb"]) == 0
+    assert "| FMUL | 33.3% |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        ncu_source.main([str(csv), "--consumers", "FMUL", "short_sb"])
+    assert "no FMUL line has short_sb samples" in capsys.readouterr().err
+
+
+def test_a_kept_profile_is_read_compressed(tmp_path):
+    import gzip
+    packed = tmp_path / "dq.csv.gz"
+    packed.write_bytes(gzip.compress(FIXTURE.read_bytes()))
+    assert ncu_source.read(str(packed)) == ncu_source.read(str(FIXTURE))

@@ -5,6 +5,10 @@
     ncu -i dq.ncu-rep --page source --csv --print-source sass > dq.csv
     python -m tools.ncu_source dq.csv
 
+--consumers OPCODE REASON groups OPCODE's REASON samples by what reads each line's result (the first later
+instruction naming its destination register): which computation the waiting instructions feed, e.g. in the token
+dK/dV whether an FFMA waiting on a shared-memory read (short_sb) feeds exp2 (P^T) or a multiply (Y^T).
+
 tools.ncu_stalls gives each kernel's stall reasons as averages; this attributes them to instructions,
 which is what says *where* to act: for example the token dQ's first multiply of S waiting on the
 short scoreboard (a shared-memory read of s_K queued behind the tile's wgmma reads; docs/kernel-notes.md,
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import gzip
 import sys
 
 _SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -32,7 +37,8 @@ def opcode(source: str) -> str:
 
 def read(path: str, include_idle: bool = False) -> dict:
     """{kernel, lines: [{address, source, opcode, samples, reasons: {reason: samples}}]} of one kernel."""
-    with open(path, newline="") as f:
+    opener = gzip.open if path.endswith(".gz") else open   # a kept profile is stored compressed
+    with opener(path, "rt", newline="") as f:
         rows = list(csv.reader(f))
     head = next((i for i, r in enumerate(rows) if r[:2] == ["Address", "Source"]), None)
     if head is None:
@@ -87,6 +93,30 @@ def summary(profile: dict, top: int = 6) -> dict:
                         for line in hottest if line["samples"]]}
 
 
+def destination(source: str) -> str | None:
+    """The register an instruction writes ('FFMA R1, R2, R3, -R4' -> 'R1'), or None."""
+    words = [w for w in source.replace(",", " ").split() if not w.startswith("@")]
+    return words[1] if len(words) > 1 and words[1].startswith("R") and words[1][1:].isdigit() else None
+
+
+def consumers(profile: dict, op: str, reason: str, window: int = 128) -> dict[str, float]:
+    """{opcode of the first instruction within `window` lines after each `op` line that reads its destination
+    register ("none" if none does): share of all samples of `op` lines in `reason`}, most first."""
+    lines = profile["lines"]
+    total = sum(line["samples"] for line in lines)
+    counts = collections.Counter()
+    for i, line in enumerate(lines):
+        n = line["reasons"].get(reason, 0)
+        if line["opcode"] != op or not n:
+            continue
+        reg = destination(line["source"])
+        reader = next((later["opcode"] for later in lines[i + 1:i + 1 + window]
+                       if reg and reg in [w.split(".")[0].strip("-|") for w in
+                                          later["source"].replace(",", " ").split()[2:]]), "none")
+        counts[reader] += n
+    return {reader: n / total for reader, n in counts.most_common()}
+
+
 def markdown(s: dict) -> str:
     out = [f"{s['kernel']}: {s['samples']:.0f} samples", "",
            "| stall reason | share of samples | at these opcodes (share of all samples) |", "|---|---|---|"]
@@ -105,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("csv", nargs="+", help="ncu --page source --csv --print-source sass output, one kernel each")
     ap.add_argument("--top", type=int, default=6, help="opcodes per reason and hottest lines")
     ap.add_argument("--all", action="store_true", help="keep idle warps' lines (NOP, BRA, USETMAXREG, EXIT)")
+    ap.add_argument("--consumers", nargs=2, metavar=("OPCODE", "REASON"),
+                    help="also: OPCODE's REASON samples by the opcode that reads each line's result")
     args = ap.parse_args(argv)
     if args.top < 1:
         ap.error(f"--top must be at least 1, got {args.top}")
@@ -115,6 +147,17 @@ def main(argv=None) -> int:
             ap.error(str(err))
         print(markdown(summary(profile, args.top)))
         print()
+        if args.consumers:
+            op, reason = args.consumers
+            shares = consumers(profile, op, reason)
+            if not shares:
+                ap.error(f"{path}: no {op} line has {reason} samples (reasons: "
+                         f"{', '.join(sorted(profile['lines'][0]['reasons']))})")
+            print(f"| {op} lines' {reason} samples, by what reads their result | share of all samples |")
+            print("|---|---|")
+            for reader, share in shares.items():
+                print(f"| {reader} | {share:.1%} |")
+            print()
     return 0
 
 

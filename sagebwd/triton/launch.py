@@ -192,8 +192,8 @@ def forward_pdl(device, q_in_forward: bool, tuning: Tuning | None) -> bool:
     """Whether the op launches its forward kernel as a programmatic dependent (PDL) of the quantise launch: on
     Hopper where the forward quantises Q itself (the token contract without Q-smoothing). Its Q prologue reads and
     writes nothing of the quantise launch's, so it runs while that launch's last programs do; H100: the op's
-    forward 0.1-2% faster at all three benchmark shapes in two runs (docs/kernel-notes.md, "Fourteenth session"). A tool's
-    Tuning override "pdl" (True or False) decides instead."""
+    forward 0.1-2% faster at all three benchmark shapes in two runs (docs/kernel-notes.md, "Fourteenth
+    session"). A tool's Tuning override "pdl" (True or False) decides instead."""
     choice = overrides(tuning).get("pdl")
     if choice is not None:
         return bool(choice)

@@ -128,7 +128,7 @@ VARIANTS = {
     "dpf8": "bwd dP = dO V^T in FP8 e4m3: dO per q token, V per kv token (amax / 448)",
     "dpi8b": "bwd dP = dO V^T in INT8: dO per (block_q x D) block, V per kv token",
     "dqfix": "bwd dQ's sum over key tiles in int32 fixed point, a power-of-two quantum per q row from a bound",
-    "dos": "bwd dK's Y^T from V [dO s_Q | -delta s_Q]^T: dO s_Q in 16 bits, delta s_Q as hi + lo (no column reads)",
+    "dos": "bwd dK's Y^T from V [dO s_Q | -delta s_Q]^T: dO s_Q in bf16, delta s_Q as hi + lo (no column reads)",
 }
 DP_VARIANTS = ("dpi8", "dpf8", "dpi8b")
 WIDE_TILE = 128   # keys one INT8 product P^ V^ spans in p128 / p128vc
@@ -316,6 +316,7 @@ def prescaled_do_dk(saved, inter, do: torch.Tensor, cfg: SageConfig, rounded: bo
     sm_scale = 1.0 / math.sqrt(d)
     tm, bq = n // cfg.block_q, cfg.block_q
     s_q = saved.s_q.unsqueeze(-1)   # per q row
+
     def bf16(x):
         return x.to(torch.bfloat16).to(ct) if rounded else x
     do_s = bf16(do.to(ct) * s_q)

@@ -256,11 +256,19 @@ def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
     dv = (pt_do * (s_do * (1.0 / P_E4M3_SCALE))[:, :, :, None, None]).sum(dim=2)
     # X's keys per scale: the forward's key tile (128 by default)
     dq, ds_seen = token_x_dq(ds, saved, key_tile(cfg.quant, cfg.block_kv), cfg, sm_scale)
-    y_hat, s_y = quantize_groups(ds * s_q, bq, -2, cfg.quantize)   # s_y (B,H,Tm,N)
-    yq = torch.einsum("bhiqn,bhiqd->bhind", by_q_block(y_hat), by_q_block(saved.q_hat))
-    dk = (yq * s_y[..., None] * sm_scale).sum(dim=2)
+    dk = token_dk(ds * s_q, saved, cfg, sm_scale)
     return dv, dq, dk, lambda: p_hat * (1.0 / P_E4M3_SCALE), ds_seen
 
+
+
+def token_dk(y, saved: Saved, cfg: SageConfig, sm_scale: float):
+    """The token contract's dK = Y^T Q: Y (dS s_Q, (B,H,N,N), q rows) quantised per (kv token, q block) (s_y
+    (B,H,Tm,N)), each q block's exact integer product with Q^ scaled by its kv rows' s_y, the blocks summed."""
+    b, h, n, d = saved.v.shape
+    tm, bq = n // cfg.block_q, cfg.block_q
+    y_hat, s_y = quantize_groups(y, bq, -2, cfg.quantize)
+    yq = torch.einsum("bhiqn,bhiqd->bhind", y_hat.reshape(b, h, tm, bq, n), saved.q_hat.reshape(b, h, tm, bq, d))
+    return (yq * s_y[..., None] * sm_scale).sum(dim=2)
 
 class SimulatedSageBwd(torch.autograd.Function):
     @staticmethod

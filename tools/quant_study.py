@@ -103,7 +103,7 @@ from sagebwd.fpa import fpa_attention
 from sagebwd.quant import (E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks,
                            quantize_row_blocks_e4m3, round_to_e4m3)
 from sagebwd.simulate import (SageConfig, backward, compute_dtype, forward, forward_quantized,
-                              scores, smooth, token_x_dq, token_x_partials)
+                              scores, smooth, token_dk, token_x_dq, token_x_partials)
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS, key_tile
 
@@ -311,10 +311,8 @@ def prescaled_do_dk(saved, inter, do: torch.Tensor, cfg: SageConfig, rounded: bo
     -delta s_Q split into two bf16 terms (hi, lo) whose partner columns of V are ones, the sum in fp32; Y
     quantised per (kv token, q block) and multiplied by Q^ as simulate._token_products does. rounded False: the
     same without the bf16 roundings (the contract's dK up to float rounding: the tests' check of the algebra)."""
-    b, h, n, d = saved.v.shape
     ct, dtype = compute_dtype(saved.v.dtype), saved.v.dtype
-    sm_scale = 1.0 / math.sqrt(d)
-    tm, bq = n // cfg.block_q, cfg.block_q
+    sm_scale = 1.0 / math.sqrt(saved.v.shape[-1])
     s_q = saved.s_q.unsqueeze(-1)   # per q row
 
     def bf16(x):
@@ -324,10 +322,7 @@ def prescaled_do_dk(saved, inter, do: torch.Tensor, cfg: SageConfig, rounded: bo
     hi = bf16(delta_s)
     lo = bf16(delta_s - hi)
     dp_s = do_s @ saved.v.to(ct).transpose(-1, -2) - (hi + lo)
-    y = _backward_p(saved, cfg) * dp_s
-    y_hat, s_y = quantize_groups(y, bq, -2, cfg.quantize)   # s_y (B,H,Tm,N)
-    yq = torch.einsum("bhiqn,bhiqd->bhind", y_hat.reshape(b, h, tm, bq, n), saved.q_hat.reshape(b, h, tm, bq, d))
-    return (yq * s_y[..., None] * sm_scale).sum(dim=2).to(dtype)
+    return token_dk(_backward_p(saved, cfg) * dp_s, saved, cfg, sm_scale).to(dtype)
 
 
 def backward_with_dp(saved, do: torch.Tensor, dp: torch.Tensor, cfg: SageConfig):

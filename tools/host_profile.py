@@ -207,7 +207,8 @@ def cpu_breakdown(shape, quant: str, calls: int) -> dict[str, float]:
     launch computes its signature and goes to the stub, as a signature's first launch would; K's mean is
     taken inside the quantise launch, as on a GPU): the eager autograd.Function, the registered custom ops
     (what torch.compile's graph calls), and those under torch.compile with the aot_eager backend
-    (AOTAutograd's runtime wrappers, no code generation). Their differences are the custom ops' dispatch and the compiled wrappers'."""
+    (AOTAutograd's runtime wrappers, no code generation). Their differences are the custom ops' dispatch and
+    the compiled wrappers'."""
     from triton.runtime.jit import JITFunction
 
     from benchmarks.attention import host_ms

@@ -408,8 +408,9 @@ def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, 
 
 
 # Rounds of other work between a head's mean chunks and its K tiles (_quantize_qkv_mean_kernel). H100
-# (python -m benchmarks.prepass; docs/kernel-notes.md, "Thirteenth session"): lag 0 was best at d=64 and lost to
-# the two launches at d=128 (K tiles spinning); 2 was within 1-3% of the best at every shape and contract.
+# (python -m benchmarks.prepass; docs/kernel-notes.md, "Thirteenth session"): lag 2 was within 1-3% of the best
+# lag at every shape and contract, but those lag sweeps read fp32 inputs by mistake; in bf16 ("Fourteenth
+# session") only lag 2 was timed: -5% / -10% against the two launches at d=64, +21% at d=128.
 MEAN_LAG = 2
 # Where the one launch is the op's: d=64. At d=128 it was slower than the two launches inside a fwd+bwd step
 # (+30 us token, +17 us block at (8, 8, 4096, 128) causal, H100 kernel A/B), though faster back to back.

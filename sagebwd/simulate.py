@@ -168,7 +168,7 @@ class Intermediates(NamedTuple):
 def backward(saved: Saved, do: torch.Tensor, cfg: SageConfig, return_intermediates: bool = False,
              dp: torch.Tensor | None = None):
     """Algorithm 2. Returns (dq, dk, dv) in the input dtype [, Intermediates]. dp: dO V^T as given (tools.quant_study's
-    quantised dP variants) instead of computed."""
+    quantised dP variants) instead of computed, in dS and (token) in Y = dS s_Q alike."""
     b, h, n, d = saved.v.shape
     ct = compute_dtype(saved.v.dtype)
     sm_scale = 1.0 / math.sqrt(d)
@@ -178,12 +178,14 @@ def backward(saved: Saved, do: torch.Tensor, cfg: SageConfig, return_intermediat
     s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, sm_scale)
     p = torch.exp(s - saved.lse.unsqueeze(-1))
 
+    dp_given = dp is not None
     if dp is None:
         dp = do_c @ saved.v.to(ct).transpose(-1, -2)           # kept in 16-bit inputs, fp32 accumulate
     ds = p * (dp - delta.unsqueeze(-1))
     if cfg.quant == "token":
         do_hat, s_do = quantize_row_blocks_e4m3(do_c, bq, cfg.quantize)
-        dv, dq, dk, p_seen, ds_seen = _token_products(p, ds, do_hat, s_do, saved, cfg, sm_scale)
+        y = ds * saved.s_q.unsqueeze(-1) if dp_given else token_y(p, do_c, delta, saved)
+        dv, dq, dk, p_seen, ds_seen = _token_products(p, ds, y, do_hat, s_do, saved, cfg, sm_scale)
     else:
         do_hat, s_do = quantize_row_blocks(do_c, bq, cfg.quantize)
         dv, dq, dk, p_seen, ds_seen = _block_products(p, ds, do_hat, s_do, saved, cfg, sm_scale)
@@ -239,14 +241,26 @@ def token_x_partials(ds, saved: Saved, keys: int, cfg: SageConfig, sm_scale: flo
     return partials, ds_seen
 
 
-def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
+def token_y(p, do_c, delta, saved: Saved):
+    """The token contract's Y = dS s_Q (dK's operand before its quantisation, per q row's scale s_Q) as its
+    kernels form it: P (dP_s - delta s_Q) with dP_s = (dO s_Q) V^T, dO s_Q rounded to the inputs' dtype (the
+    backward's preprocess writes it; the dK/dV kernels' dP^T product takes it in dO's place, so that they read no
+    s_Q per column). In exact arithmetic dS s_Q; the rounding of dO s_Q moves dK's error by ~1% at sigma 1 in bf16
+    (tools.quant_study, docs/kernel-notes.md)."""
+    ct = compute_dtype(saved.v.dtype)
+    s_q = saved.s_q.unsqueeze(-1)   # per q row
+    do_s = (do_c * s_q).to(saved.v.dtype).to(ct)
+    dp_s = do_s @ saved.v.to(ct).transpose(-1, -2)
+    return p * (dp_s - delta.unsqueeze(-1) * s_q)
+
+
+def _token_products(p, ds, y, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
     """dV, dQ, dK with every scale along the free axis of its product:
     dV in FP8 (P e4m3 with the static scale 1/256, dO^ e4m3 per block); X = dS s_K per (q token,
-    key tile: validate.key_tile) for dQ; Y = dS s_Q per (kv token, q block) for dK. Returns the dequantised
-    P and dS (dS as dQ sees it) as callables."""
+    key tile: validate.key_tile) for dQ; Y = dS s_Q (y, token_y's) per (kv token, q block) for dK. Returns the
+    dequantised P and dS (dS as dQ sees it) as callables."""
     b, h, n, d = saved.v.shape
     tm, bq = n // cfg.block_q, cfg.block_q
-    s_q = saved.s_q.unsqueeze(-1)   # per q row
 
     def by_q_block(t):   # (B,H,N,M) -> (B,H,Tm,Bq,M)
         return t.reshape(b, h, tm, bq, -1)
@@ -256,7 +270,7 @@ def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
     dv = (pt_do * (s_do * (1.0 / P_E4M3_SCALE))[:, :, :, None, None]).sum(dim=2)
     # X's keys per scale: the forward's key tile (128 by default)
     dq, ds_seen = token_x_dq(ds, saved, key_tile(cfg.quant, cfg.block_kv), cfg, sm_scale)
-    dk = token_dk(ds * s_q, saved, cfg, sm_scale)
+    dk = token_dk(y, saved, cfg, sm_scale)
     return dv, dq, dk, lambda: p_hat * (1.0 / P_E4M3_SCALE), ds_seen
 
 

@@ -172,7 +172,9 @@ def test_x64_is_the_contract_with_x_per_kv_tile():
 
 def test_dp_variants_change_only_ds_and_what_it_feeds():
     """dpi8 / dpf8 / dpi8b: dP = dO V^T quantised. The substitution path with the simulation's own dP is variant a
-    bit for bit; each variant leaves O and dV (which do not see dP) bit-identical and moves dS, dQ and dK."""
+    bit for bit but for dK (a forms Y = dS s_Q from (dO s_Q) V^T, simulate.token_y; given a dP, Y is dS s_Q: the
+    same up to float rounding); each variant leaves O and dV (which do not see dP) bit-identical and moves dS, dQ
+    and dK."""
     from sagebwd.simulate import backward, forward
     from tools.quant_study import DP_VARIANTS, backward_with_dp
     q, k, v, do = gaussian_inputs(3.0, 1, 2, 256, 64, 0)
@@ -181,7 +183,8 @@ def test_dp_variants_change_only_ds_and_what_it_feeds():
         _, saved = forward(q, k, v, cfg)
         (dq, dk, dv), inter = backward(saved, do, cfg, return_intermediates=True)
         same = backward_with_dp(saved, do, inter.dp, cfg)
-        assert all(torch.equal(x, y) for x, y in zip(same, (dq, dk, dv, inter.ds))), smooth_q
+        assert all(torch.equal(x, y) for x, y in zip(same, (dq, None, dv, inter.ds)) if y is not None), smooth_q
+        assert ((same[1] - dk).norm() / dk.norm()).item() < 1e-3, smooth_q   # an INT8 rounding flips here and there
     out = run_variants(q, k, v, do, cfg, ["a", *DP_VARIANTS])
     for name in DP_VARIANTS:
         assert all(torch.equal(out[name][c], out["a"][c]) for c in ("o", "dv")), name

@@ -164,14 +164,16 @@ def _k_order_case() -> dict:
     rows, cols, _, _ = kq.quantize_blocks(x, 64, cols=True)
     do_rows, _, do_scale, _ = kq.quantize_blocks(do, 128)
     lse = torch.randn(1, 2, 256, generator=gen) * 4 + 6
-    delta, _, do_cols, do_cols_scale, no_delta_sq, no_lse2_p = kq.backward_preprocess(do, o, lse, 128)
+    delta, _, do_cols, do_cols_scale, no_delta_sq, no_lse2_p, no_do_s = kq.backward_preprocess(do, o, lse, 128)
     s_q = torch.rand(1, 2, 256, generator=gen) + 0.5   # the token contract's Q scales
-    delta_t, lse2_t, do_cols_t, do_scale_t, delta_sq, lse2_p = kq.backward_preprocess(do, o, lse, 128, s_q)
+    delta_t, lse2_t, do_cols_t, do_scale_t, delta_sq, lse2_p, do_s = kq.backward_preprocess(do, o, lse, 128, s_q)
     do_e4m3, do_e4m3_scale = quantize_row_blocks_e4m3(do.float(), 128)
     return {"name": "k_order",
             "delta_sq": no_delta_sq is None and bool(torch.equal(delta_t, delta))
             and bool(torch.equal(delta_sq, delta * s_q)),
             "lse2_p": no_lse2_p is None and bool(torch.equal(lse2_p, lse2_t - 8.0)),
+            "do_s": no_do_s is None and do_s.dtype == do.dtype
+            and bool(torch.equal(do_s, (do.float() * s_q.unsqueeze(-1)).to(do.dtype))),
             "do_e4m3": do_cols_t.dtype == torch.float8_e4m3fn
             and bool(torch.equal(from_k_order(do_cols_t.float()), do_e4m3.transpose(-1, -2)))
             and bool(torch.equal(do_scale_t, do_e4m3_scale)),
@@ -326,7 +328,7 @@ def _e4m3_case() -> dict:
 
 
 def _token_fallback_case() -> dict:
-    """backward() of the token contract computes delta s_Q and LSE2 - log2(256) itself when the caller
+    """backward() of the token contract computes delta s_Q, LSE2 - log2(256) and dO s_Q itself when the caller
     does not pass the preprocess's: the same gradients, bit for bit."""
     import torch
     from sagebwd.triton import backward as kb
@@ -337,10 +339,10 @@ def _token_fallback_case() -> dict:
     q, k, v, do = [torch.randn(1, 2, 128, 64, generator=gen).half() for _ in range(4)]
     o, lse, q8, q8t, s_q, k8, k8t, s_k, _, k_mean = ops._forward_impl(q, k, v, True, True, False, 128, 64, True,
                                                                       True, "default", None)
-    delta, lse2, do8t, s_do, delta_sq, lse2_p = kq.backward_preprocess(do, o, lse, 128, s_q)
+    delta, lse2, do8t, s_do, delta_sq, lse2_p, do_s = kq.backward_preprocess(do, o, lse, 128, s_q)
     common = dict(causal=True, smooth_k=True, k_mean=k_mean, block_q=128, block_kv=64, quant="token")
     given = kb.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, delta_sq=delta_sq,
-                        lse2_p=lse2_p, **common)
+                        lse2_p=lse2_p, do_s=do_s, **common)
     computed = kb.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, **common)
     return {"name": "token_fallback", "equal": all(bool(torch.equal(a, b)) for a, b in zip(given, computed))}
 
@@ -473,8 +475,14 @@ def test_token_preprocess_writes_lse_minus_log2_256(results):
     assert results["k_order"]["lse2_p"]
 
 
+def test_token_preprocess_writes_do_times_q_scale(results):
+    """The token dK/dV's dP^T product takes dO s_Q (in dO's dtype) in dO's place, so that Y^T = P^T (dP^T s_Q -
+    delta s_Q) reads no s_Q per column: the preprocess writes it, rounded as backward() would compute it."""
+    assert results["k_order"]["do_s"]
+
+
 def test_token_backward_computes_its_operands_when_not_given(results):
-    assert results["token_fallback"]["equal"], "backward() without delta_sq / lse2_p gave other gradients"
+    assert results["token_fallback"]["equal"], "backward() without delta_sq / lse2_p / do_s gave other gradients"
 
 
 def test_sequence_mean_kernel_is_the_mean(results):

@@ -172,6 +172,10 @@ _SHAPE_ERRORS = [
     ("prepass", ["--iters", "0"], "--iters and --repeats >= 1"),
     ("prepass", ["--repeats", "0"], "--iters and --repeats >= 1"),
     ("prepass", ["--layouts", "diagonal"], "invalid choice: 'diagonal'"),
+    ("preprocess", ["--shapes", "8,8,4096,96"], "head dim 64 or 128 and a sequence that is a multiple of 128"),
+    ("preprocess", ["--warps", "4", "3"], "each a power of two from 1 to 32"),
+    ("preprocess", ["--quant", "int4"], "invalid choice: 'int4'"),
+    ("preprocess", ["--repeats", "0"], "--iters and --repeats >= 1"),
     ("sections", ["--budgets-mib", "16", "0"], "each budget is a positive number of MiB"),
     ("sections", ["--rounds", "0"], "--rounds 0: at least 1"),
 ])
@@ -184,7 +188,7 @@ def test_token_forward_benchmarks_reject_bad_arguments_before_looking_for_a_gpu(
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["forward_tiles", "sections", "prepass"])
+@pytest.mark.parametrize("module", ["forward_tiles", "sections", "prepass", "preprocess"])
 def test_token_forward_benchmarks_say_they_need_a_gpu(module, monkeypatch, capsys):
     import importlib
 
@@ -322,6 +326,21 @@ def test_prepass_times_bf16_inputs_and_the_quantise_launches_refuse_fp32(layout)
     with pytest.raises(AssertionError, match="fp16/bf16, got torch.float32"):
         quantize._quantize_qkv_with_mean(q.float(), k.float(), v.float(), 128, 64, smooth_q=False, cols=True,
                                          token=True, quantize_q=False)
+
+
+def test_preprocess_benchmark_times_model_layout_bf16_and_counts_its_bytes():
+    """benchmarks.preprocess: dO and O bf16 views of (B, N, H, D) storage, positive s_Q; the bytes: dO and O read,
+    dO^ written, and with the token contract dO s_Q written in bf16."""
+    import torch
+
+    from benchmarks.preprocess import preprocess_bytes, preprocess_inputs
+    do, o, lse, s_q = preprocess_inputs((1, 2, 256, 64), "cpu")
+    assert do.dtype == o.dtype == torch.bfloat16 and do.shape == o.shape == (1, 2, 256, 64)
+    assert (do.stride(1), do.stride(2)) == (64, 2 * 64)
+    assert lse.shape == s_q.shape == (1, 2, 256) and bool((s_q > 0).all())
+    elements = 2 * 256 * 64
+    assert preprocess_bytes((1, 2, 256, 64), "block") == elements * 5
+    assert preprocess_bytes((1, 2, 256, 64), "token") == elements * 7
 
 
 def test_prepass_counts_the_bytes_the_pass_must_move():

@@ -56,7 +56,7 @@ def measure(b: int, h: int, n: int, d: int, causal: bool, groups: int = 4) -> di
             dq_reduce = (dq_sum, None, fixed_scale)
         else:
             dq_reduce = None if mode_groups is None else (dq_sum, None if mode_groups == 0 else counters)
-        launches = hopper.dkdv_launches(c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2_p,
+        launches = hopper.dkdv_launches(c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do_s, c.do8t, c.s_do, c.lse2_p,
                                         c.delta_sq, c.tile_scales, c.dk, c.dv, causal=causal, block_q=c.block_q,
                                         ws=True, token=True, dq_reduce=dq_reduce, dq_groups=g, dq_product=product)
 

@@ -63,6 +63,18 @@ MAGIC_F = tl.constexpr(12582912.0)   # 1.5 * 2**23
 
 
 @triton.jit
+def to_16bit(x, dtype: tl.constexpr):
+    """fp32 x in dtype (fp16 or bf16), rounded to nearest even, as torch's .to() and the GPU's conversion
+    round. Triton's interpreter truncates fp32 -> bf16, so under it bf16 is rounded here on the bits (finite
+    x)."""
+    if INTERPRETING and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
 def mul_rn(a, b):
     """a * b rounded to fp32 on its own, as the contract's round(x * inv) reads.
 

@@ -272,11 +272,12 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                         do8 = tl.trans(tl.load(DO8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
                         dv_b += int_to_float(tl.dot(p8_t, do8, out_dtype=tl.int32)) * dv_scale
             if PASS != DV_ONLY:
+                # TOKEN: DO_bh is dO s_Q and DELTA_bh delta s_Q (backward_preprocess), so dp_t is dP^T s_Q
                 do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
                 dp_t = _dot16(v, tl.trans(do), DOT_F32)
                 delta = tl.load(DELTA_bh + offs_m)[None, :]
                 if TOKEN:   # Y^T = dS^T s_Q, one scale per row: Q^'s scale runs along this product's sum
-                    y_t = p_t * (dp_t * q_scale - delta * q_scale)   # one fma: delta s_Q per column
+                    y_t = p_t * (dp_t - delta)   # dS^T s_Q = P^T (dP^T s_Q - delta s_Q)
                     y_scale, y_inv = tile_scales(tl.max(tl.abs(y_t), axis=1), False)
                     ds8_t = to_k_order(round_scaled_to_int8(y_t, y_inv[:, None]))
                     dk_scale = y_scale[:, None]
@@ -291,8 +292,11 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                     if SPLIT_D == 2:
                         q8_cols = tl.trans(tl.load(Q8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
                         dk_b += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
-                if SMOOTH_Q:   # the bias branch: colsum(dS_i)^T mu_i, from the unquantised dS
-                    ds_colsum = tl.sum(p_t * (dp_t - delta), axis=1)[:, None]
+                if SMOOTH_Q:   # the bias branch: colsum(dS_i)^T mu_i, from the unquantised dS (TOKEN: Y^T / s_Q)
+                    if TOKEN:
+                        ds_colsum = tl.sum(y_t / q_scale, axis=1)[:, None]
+                    else:
+                        ds_colsum = tl.sum(p_t * (dp_t - delta), axis=1)[:, None]
                     dk_a += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + offs_h)[None, :]
                     if SPLIT_D == 2:
                         dk_b += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + DH + offs_h)[None, :]
@@ -469,19 +473,21 @@ class BackwardCall:
     block_q: int
     block_kv: int
     token: bool      # the "token" contract: s_q, s_k per token, no tile scales
-    delta_sq: torch.Tensor | None = None   # token: delta s_Q per q row (the Gluon dK/dV's column constant)
+    delta_sq: torch.Tensor | None = None   # token: delta s_Q per q row (the dK/dV kernels' column constant)
     lse2_p: torch.Tensor | None = None     # token: lse2 - log2(256), which the dK/dV kernels read instead
+    do_s: torch.Tensor | None = None       # token: dO s_Q in dO's dtype, the dK/dV kernels' dP^T operand
 
 
-def _triton_args(c: BackwardCall) -> tuple:
+def _triton_args(c: BackwardCall, do: torch.Tensor | None = None) -> tuple:
     """(arguments after the tensors every Triton backward kernel takes, flags): the Q-smoothing operands
-    (placeholders without it), the strides, sm_scale, H, N."""
+    (placeholders without it), the strides (dO's: those of `do` if given, the tensor passed in its place),
+    sm_scale, H, N."""
     b, h, n, d = c.q8.shape
     smooth_q = c.mu_q is not None
     kf = c.k if smooth_q else c.v
     mu = c.mu_q if smooth_q else c.s_q
     k_mean = c.k_mean if (smooth_q and c.smooth_k) else c.s_q
-    strides = (*c.v.stride(), *c.do.stride(), *kf.stride(), *c.dq.stride()[:3])   # dk, dv: dq's
+    strides = (*c.v.stride(), *(c.do if do is None else do).stride(), *kf.stride(), *c.dq.stride()[:3])   # dk, dv: dq's
     flags = dict(HEAD_DIM=d, CAUSAL=c.causal, SMOOTH_Q=smooth_q, SMOOTH_K=c.smooth_k, DOT_F32=interpreting(),
                  TOKEN=c.token)
     return (mu, kf, k_mean, *strides, 1.0 / math.sqrt(d), h, n), flags
@@ -500,9 +506,11 @@ def run_dq(c: BackwardCall, tuning: Tuning | None = None) -> None:
 
 
 def run_dkdv(c: BackwardCall, tuning: Tuning | None = None) -> None:
-    """The Triton dK/dV kernel (registry: dkdv "triton"), at d=128 as two launches (dV, then dK)."""
+    """The Triton dK/dV kernel (registry: dkdv "triton"), at d=128 as two launches (dV, then dK). Token: dO s_Q
+    and delta s_Q in the places of dO and delta (Y^T = P^T (dP^T s_Q - delta s_Q))."""
     b, h, n, d = c.q8.shape
-    tail, flags = _triton_args(c)
+    do = c.do_s if c.token else c.do
+    tail, flags = _triton_args(c, do)
     rows, cols, split_d, chain, separate = dkdv_blocks(n, c.block_q, c.block_kv, d,
                                                        c.token, overrides(tuning).get("dkdv_blocks"))
     step = c.block_q if chain else cols
@@ -515,20 +523,23 @@ def run_dkdv(c: BackwardCall, tuning: Tuning | None = None) -> None:
         default = dict(num_warps=8 if rows >= 128 else 4,
                        num_stages=_stages(stage_bytes, 2 if (split_d == 2 or rows < 128) and not separate else 3))
         launch(name, _dkdv_kernel, (n // rows, b * h),
-            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2_p if c.token else c.lse2, c.delta,
+            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, do, c.do8t, c.s_do, c.lse2_p if c.token else c.lse2,
+            c.delta_sq if c.token else c.delta,
             c.tile_scales, c.dk, c.dv,
             *tail, BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=c.block_q, KV_BLOCK=c.block_kv, SPLIT_D=split_d, CHAIN=chain,
             PASS=pass_.value, **flags,
             **launch_settings(name if name in overrides(tuning) else "dkdv", default, tuning), tuning=tuning)
 
 
-def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delta_sq=None, lse2_p=None, causal: bool,
+def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delta_sq=None, lse2_p=None, do_s=None,
+             causal: bool,
              smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None,
              layout_of=None, kernels: str = "default", quant: str = "block", tuning: Tuning | None = None):
     """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype), all three in layout_of's memory
     order (contiguous without it; _common.empty_in_layout_of). do and v may have any strides;
     lse2 is the forward's LSE times log2(e) (backward_preprocess writes it, and with the token
-    contract delta_sq = delta s_Q and lse2_p = lse2 - log2(256); computed here if not given). quant: the contract
+    contract delta_sq = delta s_Q, lse2_p = lse2 - log2(256) and do_s = dO s_Q in dO's dtype; computed here if not
+    given). quant: the contract
     ("token": s_q, s_k per token). The dQ and the dK/dV kernels are the registry's for this device,
     contract and `kernels` (one of them may compute all three)."""
     b, h, n, d = q8.shape
@@ -547,10 +558,12 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delt
         delta_sq = delta * s_q
     if token and lse2_p is None:
         lse2_p = lse2 - P_E4M3_LOG2
+    if token and do_s is None:   # backward_preprocess's rounding: the product in fp32, then dO's dtype
+        do_s = (do.float() * s_q.unsqueeze(-1)).to(do.dtype)
     tile_scales = None if one_kernel else s_q if token else torch.zeros(
         b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32)
     call = BackwardCall(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, tile_scales, causal,
-                        smooth_k, mu_q, k, k_mean, block_q, block_kv, token, delta_sq, lse2_p)
+                        smooth_k, mu_q, k, k_mean, block_q, block_kv, token, delta_sq, lse2_p, do_s)
     if token and not one_kernel and SIDE_STREAM and q8.is_cuda:
         # nothing passes between the two kernels (no tile scales): the dQ kernel runs beside the dK/dV kernel, on a
         # side stream, launched second (docs/kernel-notes.md, "The two token backward kernels on two streams")

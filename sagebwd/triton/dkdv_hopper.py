@@ -487,11 +487,11 @@ def _token_probs(st, kq, sq, lse, offs_q, offs_kv, MASK: gl.constexpr, MASK_DIAG
 
 
 @gluon.jit
-def _token_y(p, dpt, sq, delta_sq, s_layout: gl.constexpr):
-    """Y^T = dS^T s_Q = P^T (dP^T s_Q - delta s_Q), as backward.py: one fma (contracted as there) with
-    delta s_Q per column, then the multiply by P^T. delta_sq (in the delta ring) comes as such from
-    backward_preprocess: computed here it was a multiply per column of every tile, 0.5 per element."""
-    return p * (gl.convert_layout(dpt, s_layout) * sq[None, :] - delta_sq[None, :])
+def _token_y(p, dpt, delta_sq, s_layout: gl.constexpr):
+    """Y^T = dS^T s_Q = P^T (dP^T s_Q - delta s_Q), as backward.py: dpt is already dP^T s_Q (the ring carries
+    dO s_Q in dO's place, backward_preprocess), so no s_Q is read per column: one subtraction of delta s_Q (the
+    delta ring's, from backward_preprocess), then the multiply by P^T."""
+    return p * (gl.convert_layout(dpt, s_layout) - delta_sq[None, :])
 
 
 @gluon.jit
@@ -579,8 +579,7 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
                                   zero_dp, use_acc=False, is_async=True)
         if PASS == DK_ONLY:
             dpt_a = warpgroup_mma_wait(1, deps=[dpt_a])
-            p_a = _token_y(p_a, dpt_a, sq_a,
-                           _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED), s_layout)   # now Y^T
+            p_a = _token_y(p_a, dpt_a, _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED), s_layout)   # Y^T
     if PASS == DK_ONLY:   # dP^T of slice b only now: all four tiles in flight spilled at d=128
         dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_dp,
                               use_acc=False, is_async=True)
@@ -600,14 +599,15 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         dv_scale = s_do * (1.0 / G_P_E4M3_SCALE)   # exact: a power of two
     if PASS == BOTH:
         # Y^T of slice a (its dP^T was issued before the dV dots), then slice b's dP^T
-        if HAS_A:
+        if HAS_A:   # delta s_Q read before the wait, so that its latency runs with it (no s_Q beside it now)
+            delta_a = _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED)
             dpt_a = warpgroup_mma_wait(2, deps=[dpt_a])
-            p_a = _token_y(p_a, dpt_a, _slice_vector(sq_smem, slot, 0, col, SLICE, BLOCKED),
-                           _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED), s_layout)   # now Y^T
+            p_a = _token_y(p_a, dpt_a, delta_a, s_layout)   # Y^T
         dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_dp,
                               use_acc=False, is_async=True)
         dv_prod = warpgroup_mma_wait(1, deps=[dv_prod])
         dv += dv_prod * dv_scale
+        delta_b = _slice_vector(delta_smem, slot, 1, col, SLICE, BLOCKED)   # likewise before the wait
         dpt_b = warpgroup_mma_wait(0, deps=[dpt_b])
     elif PASS == DV_ONLY:
         dv_prod = warpgroup_mma_wait(0, deps=[dv_prod])
@@ -617,10 +617,9 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
 
     if DK_PASS:
         # Y^T = dS^T s_Q per (kv row, q block): its row maximum over both slices, Y^ of both, dK = Y^T Q
-        if PASS == BOTH:   # s_Q read again: held across the dV dots, the d=64 kernel spilled
-            sq_b = _slice_vector(sq_smem, slot, 1, col, SLICE, BLOCKED)
-        y_b = _token_y(p_b, dpt_b, sq_b,
-                       _slice_vector(delta_smem, slot, 1, col, SLICE, BLOCKED), s_layout)
+        if PASS != BOTH:
+            delta_b = _slice_vector(delta_smem, slot, 1, col, SLICE, BLOCKED)
+        y_b = _token_y(p_b, dpt_b, delta_b, s_layout)
         y_max = gl.max(gl.abs(y_b), axis=1)
         if HAS_A:
             y_max = gl.maximum(gl.max(gl.abs(p_a), axis=1), y_max)

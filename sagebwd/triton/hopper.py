@@ -79,9 +79,10 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
     """[(name, kernel, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at
     d=128; as dkdv_ws_hopper's kernel if `ws` (seq a multiple of 128), else dkdv_hopper's. v and do may
     have any strides and alignment. token: the token contract (s_q, s_k per token; s_q comes by TMA
-    with each q block, as LSE does; delta is delta s_Q, BackwardCall.delta_sq, and lse2 is lse2 - log2(256),
-    BackwardCall.lse2_p; tile_scales unused). dq_reduce (ws, d=64; a measurement, tools.dq_reduce_probe): (an fp32
-    (B*H*N, D) buffer, zeroed int32 counters (B*H, N/128, 2) or None) into which every q block's dK accumulator is
+    with each q block, as LSE does; do is dO s_Q, BackwardCall.do_s, delta is delta s_Q, BackwardCall.delta_sq,
+    and lse2 is lse2 - log2(256), BackwardCall.lse2_p; tile_scales unused). dq_reduce (ws, d=64; a measurement,
+    tools.dq_reduce_probe): (an fp32 (B*H*N, D)
+    buffer, zeroed int32 counters (B*H, N/128, 2) or None) into which every q block's dK accumulator is
     added by TMA as a fused backward's dQ partials would be, in a fixed order if the counters are given (dK and dV
     unchanged); or (an int32 buffer, None, scale): added as int32 round(partial scale); dq_groups > 1: in that
     many ordered chains, into as many copies of dQ (the buffer's rows and the counters' first dimension dq_groups
@@ -164,7 +165,7 @@ def run_dq(c, tuning: Tuning | None = None, *, ws: bool, split: bool = False) ->
 def run_dkdv(c, tuning: Tuning | None = None, *, ws: bool) -> None:
     """The Gluon dK/dV (registry: dkdv "gluon", "gluon-ws"), on a backward.BackwardCall, in its contract."""
     for name, kernel, grid, args, kwargs in dkdv_launches(
-            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2_p if c.token else c.lse2,
-            c.delta_sq if c.token else c.delta,
+            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do_s if c.token else c.do, c.do8t, c.s_do,
+            c.lse2_p if c.token else c.lse2, c.delta_sq if c.token else c.delta,
             c.tile_scales, c.dk, c.dv, causal=c.causal, block_q=c.block_q, ws=ws, token=c.token):
         launch(name, kernel, grid, *args, tuning=tuning, **kwargs)

@@ -19,9 +19,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from ._common import (E4M3_MAX, INTERPRETING, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, interpreting, mul_rn,
-                      quantize_tile, quantize_token_rows, round_to_int8, to_e4m3, to_k_order)
+                      quantize_tile, quantize_token_rows, round_to_int8, to_16bit, to_e4m3, to_k_order)
 from ..validate import key_tile
-from .launch import Tuning, launch
+from .launch import Tuning, launch, launch_settings
 
 
 @triton.jit
@@ -223,17 +223,20 @@ def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS,
 
 
 @triton.jit
-def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, DO_COLS, DO_SCALE,
+def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, DO_COLS, DO_SCALE, DO_S,
                                 stride_dob, stride_doh, stride_don, stride_dod,
-                                stride_ob, stride_oh, stride_on, stride_od, H, N,
+                                stride_ob, stride_oh, stride_on, stride_od,
+                                stride_sb, stride_sh, stride_sn, stride_sd, H, N,
                                 BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, TOKEN: tl.constexpr):
     """delta = rowsum(dO * O) (fp32), the LSE in base 2 (the backward's exp2 takes it as is,
     instead of one multiply per score-tile column) and the per-block INT8 dO, sequence-contiguous
     in k order. TOKEN: dO^ in FP8 e4m3 instead (the token contract's dV operand), and delta s_Q
     (s_Q per token), which the Gluon dK/dV subtracts per column of every tile (Y^T = P^T (dP^T s_Q -
     delta s_Q)): one multiply per q row here instead of one per column of every tile there (-0.5
-    instructions per score element of its loop); and LSE2 - log2(256) (LSE2_P), which the token dK/dV
-    reads instead of LSE2: its exp2 then yields 256 P, dV's e4m3 operand, with no multiply."""
+    instructions per score element of its loop); LSE2 - log2(256) (LSE2_P), which the token dK/dV
+    reads instead of LSE2: its exp2 then yields 256 P, dV's e4m3 operand, with no multiply; and dO s_Q in dO's
+    dtype (DO_S, strides stride_s*), the token dK/dV's dP^T operand in dO's place: its product is then dP^T s_Q,
+    and Y^T = P^T (dP^T s_Q - delta s_Q) reads no s_Q per column."""
     blk = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -249,7 +252,10 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, D
     lse2 = tl.load(LSE + bh * N + offs_n) * LOG2E
     tl.store(LSE2 + bh * N + offs_n, lse2)
     if TOKEN:
-        tl.store(DELTA_SQ + bh * N + offs_n, delta * tl.load(SQ + bh * N + offs_n))
+        sq = tl.load(SQ + bh * N + offs_n)
+        tl.store(DELTA_SQ + bh * N + offs_n, delta * sq)
+        tl.store(DO_S + b * stride_sb + h * stride_sh + offs_n[:, None] * stride_sn + offs_d[None, :] * stride_sd,
+                 to_16bit(do * sq[:, None], DO_S.dtype.element_ty))
         tl.store(LSE2_P + bh * N + offs_n, lse2 - P_E4M3_LOG2)
         # FP8 e4m3 for dV = P^T dO: scale amax / 448 (sagebwd.quant.quantize_row_blocks_e4m3)
         amax = tl.max(tl.max(tl.abs(do), axis=1), axis=0)
@@ -265,6 +271,13 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, D
 
 def _warps(block: int, head_dim: int) -> int:
     return 1 if interpreting() else (8 if block * head_dim >= 128 * 128 else 4)
+
+
+def _preprocess_warps(block: int, head_dim: int, token: bool) -> int:
+    """The token preprocess's 128 x 128 tile (it also writes dO s_Q) with 16 warps: 91 us at (8,8,4096,128) on an
+    H100 against 114 with 8 and 101 with 4 (docs/kernel-notes.md, "Fifteenth session"); at d=64 4 warps, the
+    fastest of 2-16 there."""
+    return 16 if token and block * head_dim >= 128 * 128 and not interpreting() else _warps(block, head_dim)
 
 
 MEAN_STEP_ELEMENTS = 8192   # what a program of the K mean loads at a time: 128 rows at d=64, 64 at d=128
@@ -481,21 +494,23 @@ def _pdl(pdl: bool) -> dict:
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,
                         s_q: torch.Tensor | None = None, tuning: Tuning | None = None):
     """Returns (delta (B,H,N) fp32, LSE * log2(e) (B,H,N) fp32, dO^ (B,H,D,N) in k order, dO scales
-    (B,H,N/block_q), delta s_Q (B,H,N) fp32 or None, LSE * log2(e) - log2(256) (B,H,N) fp32 or None).
-    s_q: the token contract's Q scales per token (B,H,N), with which dO^ is FP8 e4m3 (dV's operand in
-    that contract) and the last two are written (the token dK/dV's operands); without them (the
-    block contract) dO^ is INT8 and both are None."""
+    (B,H,N/block_q), delta s_Q (B,H,N) fp32 or None, LSE * log2(e) - log2(256) (B,H,N) fp32 or None,
+    dO s_Q (B,H,N,D) in dO's dtype or None). s_q: the token contract's Q scales per token (B,H,N), with which
+    dO^ is FP8 e4m3 (dV's operand in that contract) and the last three are written (the token dK/dV's
+    operands); without them (the block contract) dO^ is INT8 and the three are None."""
     b, h, n, d = do.shape
     delta = torch.empty(b, h, n, device=do.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
     delta_sq = torch.empty_like(delta) if s_q is not None else None
     lse2_p = torch.empty_like(delta) if s_q is not None else None
+    do_s = torch.empty_like(do) if s_q is not None else None
     token = s_q is not None
     do_cols = torch.empty(b, h, d, n, device=do.device, dtype=torch.float8_e4m3fn if token else torch.int8)
     do_scale = torch.empty(b, h, n // block_q, device=do.device, dtype=torch.float32)
     launch("backward_preprocess", _backward_preprocess_kernel, (n // block_q, b * h),
         do, o, lse, s_q if token else delta, delta, delta_sq if token else delta, lse2,
-        lse2_p if token else delta, do_cols, do_scale,
-        *do.stride(), *o.stride(), h, n, BLOCK=block_q, HEAD_DIM=d, TOKEN=token, num_warps=_warps(block_q, d),
+        lse2_p if token else delta, do_cols, do_scale, do_s if token else do,
+        *do.stride(), *o.stride(), *(do_s if token else do).stride(), h, n, BLOCK=block_q, HEAD_DIM=d, TOKEN=token,
+        **launch_settings("backward_preprocess", {"num_warps": _preprocess_warps(block_q, d, token)}, tuning),
         tuning=tuning)
-    return delta, lse2, do_cols, do_scale, delta_sq, lse2_p
+    return delta, lse2, do_cols, do_scale, delta_sq, lse2_p, do_s

@@ -109,17 +109,15 @@ def _y_role(v_tile, do_smem, qt_smem, delta_smem, sq_smem, p_smem, kv_bar, full,
                               use_acc=False, is_async=True)
         dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, True).permute((1, 0)), zero_dp,
                               use_acc=False, is_async=True)
-        sq_a = _slice_vector(sq_smem, slot, 0, col, SLICE, True)
         dsq_a = _slice_vector(delta_smem, slot, 0, col, SLICE, True)
         mbarrier.wait(p_full.index(0), r & 1)
         p_a = p_smem.index(0).load(s_layout)
         p_b = p_smem.index(1).load(s_layout)
         _release(p_empty, 0)
         dpt_a = warpgroup_mma_wait(1, deps=[dpt_a])
-        y_a = _token_y(p_a, dpt_a, sq_a, dsq_a, s_layout)
+        y_a = _token_y(p_a, dpt_a, dsq_a, s_layout)
         dpt_b = warpgroup_mma_wait(0, deps=[dpt_b])
-        y_b = _token_y(p_b, dpt_b, _slice_vector(sq_smem, slot, 1, col, SLICE, True),
-                       _slice_vector(delta_smem, slot, 1, col, SLICE, True), s_layout)
+        y_b = _token_y(p_b, dpt_b, _slice_vector(delta_smem, slot, 1, col, SLICE, True), s_layout)
         # Y^T's scale per (kv row, q block): the row maximum over both slices
         y_scale, y_inv = _row_scales(gl.maximum(gl.max(gl.abs(y_a), axis=1), gl.max(gl.abs(y_b), axis=1)))
         dk_int = _rows_dot(y_a, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, True, SLICE, True, False)
@@ -182,7 +180,7 @@ def run(c, tuning=None) -> None:
     """dK and dV of a backward.BackwardCall in the token contract at head dim 128 (registry: dkdv
     "gluon-roles")."""
     b, h, n, d = c.q8.shape
-    args = hopper.dkdv_args(c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2_p, c.delta_sq,
+    args = hopper.dkdv_args(c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do_s, c.do8t, c.s_do, c.lse2_p, c.delta_sq,
                             c.tile_scales, c.dk, c.dv, kv_rows=ROWS.value, q_rows=2 * SLICE.value, token=True)
     launch("dkdv", _dkdv_roles_kernel, (n // ROWS.value, b * h), *args, HEAD_DIM=d, SLICE=SLICE.value,
            CAUSAL=c.causal, STAGES=STAGES,

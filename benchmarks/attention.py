@@ -340,8 +340,8 @@ def fp32_gap(shape, dtype, causal: bool) -> dict:
     o32, lse = kf.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=torch.float32, causal=causal, smooth_k=True,
                           block_q=128, block_kv=64, kernels=RUN["kernels"])
     o16 = o32.to(dtype)
-    delta, lse2, do8t, s_do, _, _, _ = kq.backward_preprocess(do, o16, lse, 128)
-    grads32 = kb.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, causal=causal,
+    pre = kq.backward_preprocess(do, o16, lse, 128)
+    grads32 = kb.backward(do, pre.delta, pre.do8t, pre.s_do, q8, q8t, s_q, k8, k8t, s_k, v, pre.lse2, causal=causal,
                           smooth_k=True, block_q=128, block_kv=64, out_dtype=torch.float32, kernels=RUN["kernels"])
     cfg = simulate.SageConfig(causal=causal)
     o_sim, grads_sim = simulate_on_cpu(q.float(), k.float(), v.float(), do.float(), o16.float(), cfg)

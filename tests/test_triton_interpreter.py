@@ -164,9 +164,13 @@ def _k_order_case() -> dict:
     rows, cols, _, _ = kq.quantize_blocks(x, 64, cols=True)
     do_rows, _, do_scale, _ = kq.quantize_blocks(do, 128)
     lse = torch.randn(1, 2, 256, generator=gen) * 4 + 6
-    delta, _, do_cols, do_cols_scale, no_delta_sq, no_lse2_p, no_do_s = kq.backward_preprocess(do, o, lse, 128)
+    block = kq.backward_preprocess(do, o, lse, 128)
+    delta, do_cols, do_cols_scale = block.delta, block.do8t, block.s_do
     s_q = torch.rand(1, 2, 256, generator=gen) + 0.5   # the token contract's Q scales
-    delta_t, lse2_t, do_cols_t, do_scale_t, delta_sq, lse2_p, do_s = kq.backward_preprocess(do, o, lse, 128, s_q)
+    token = kq.backward_preprocess(do, o, lse, 128, s_q)
+    delta_t, lse2_t, do_cols_t, do_scale_t = token.delta, token.lse2, token.do8t, token.s_do
+    delta_sq, lse2_p, do_s = token.delta_sq, token.lse2_p, token.do_s
+    no_delta_sq, no_lse2_p, no_do_s = block.delta_sq, block.lse2_p, block.do_s
     do_e4m3, do_e4m3_scale = quantize_row_blocks_e4m3(do.float(), 128)
     return {"name": "k_order",
             "delta_sq": no_delta_sq is None and bool(torch.equal(delta_t, delta))
@@ -339,11 +343,11 @@ def _token_fallback_case() -> dict:
     q, k, v, do = [torch.randn(1, 2, 128, 64, generator=gen).half() for _ in range(4)]
     o, lse, q8, q8t, s_q, k8, k8t, s_k, _, k_mean = ops._forward_impl(q, k, v, True, True, False, 128, 64, True,
                                                                       True, "default", None)
-    delta, lse2, do8t, s_do, delta_sq, lse2_p, do_s = kq.backward_preprocess(do, o, lse, 128, s_q)
+    pre = kq.backward_preprocess(do, o, lse, 128, s_q)
     common = dict(causal=True, smooth_k=True, k_mean=k_mean, block_q=128, block_kv=64, quant="token")
-    given = kb.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, delta_sq=delta_sq,
-                        lse2_p=lse2_p, do_s=do_s, **common)
-    computed = kb.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, **common)
+    given = kb.backward(do, pre.delta, pre.do8t, pre.s_do, q8, q8t, s_q, k8, k8t, s_k, v, pre.lse2,
+                        delta_sq=pre.delta_sq, lse2_p=pre.lse2_p, do_s=pre.do_s, **common)
+    computed = kb.backward(do, pre.delta, pre.do8t, pre.s_do, q8, q8t, s_q, k8, k8t, s_k, v, pre.lse2, **common)
     return {"name": "token_fallback", "equal": all(bool(torch.equal(a, b)) for a, b in zip(given, computed))}
 
 

@@ -98,12 +98,11 @@ def _forward_fake(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
 def _backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, smooth_k, smooth_q,
                    block_q, block_kv, token, kernels="default", tuning: Tuning | None = None):
     assert q8t.numel() == q8.numel(), "the forward ran without for_backward=True"
-    delta, lse2, do8t, s_do, delta_sq, lse2_p, do_s = _quant.backward_preprocess(do, o, lse, block_q,
-                                                                                 s_q if token else None, tuning=tuning)
-    return _bwd.backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, delta_sq=delta_sq, lse2_p=lse2_p,
-                         do_s=do_s,
-                         causal=causal, smooth_k=smooth_k, mu_q=mu_q if smooth_q else None, k=k,
-                         k_mean=k_mean if smooth_k else None, block_q=block_q, block_kv=block_kv, layout_of=o,
+    pre = _quant.backward_preprocess(do, o, lse, block_q, s_q if token else None, tuning=tuning)
+    return _bwd.backward(do, pre.delta, pre.do8t, pre.s_do, q8, q8t, s_q, k8, k8t, s_k, v, pre.lse2,
+                         delta_sq=pre.delta_sq, lse2_p=pre.lse2_p, do_s=pre.do_s, causal=causal, smooth_k=smooth_k,
+                         mu_q=mu_q if smooth_q else None, k=k, k_mean=k_mean if smooth_k else None, block_q=block_q,
+                         block_kv=block_kv, layout_of=o,
                          kernels=kernels, quant=_quant_name(token), tuning=tuning)
 
 

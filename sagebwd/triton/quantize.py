@@ -12,6 +12,8 @@ Layouts written (all contiguous, int8 unless said):
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -491,13 +493,22 @@ def _pdl(pdl: bool) -> dict:
     return {"PDL": True} if pdl else {}
 
 
+class Preprocessed(NamedTuple):
+    """What backward_preprocess writes for the backward's kernels."""
+    delta: torch.Tensor                # rowsum(dO * O), (B,H,N) fp32
+    lse2: torch.Tensor                 # LSE * log2(e), (B,H,N) fp32
+    do8t: torch.Tensor                 # dO^ (B,H,D,N) in k order: INT8 (block), FP8 e4m3 (token)
+    s_do: torch.Tensor                 # dO^'s scales, (B,H,N/block_q) fp32
+    delta_sq: torch.Tensor | None      # token: delta s_Q, (B,H,N) fp32
+    lse2_p: torch.Tensor | None        # token: LSE * log2(e) - log2(256), (B,H,N) fp32
+    do_s: torch.Tensor | None          # token: dO s_Q in dO's dtype, (B,H,N,D)
+
+
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,
-                        s_q: torch.Tensor | None = None, tuning: Tuning | None = None):
-    """Returns (delta (B,H,N) fp32, LSE * log2(e) (B,H,N) fp32, dO^ (B,H,D,N) in k order, dO scales
-    (B,H,N/block_q), delta s_Q (B,H,N) fp32 or None, LSE * log2(e) - log2(256) (B,H,N) fp32 or None,
-    dO s_Q (B,H,N,D) in dO's dtype or None). s_q: the token contract's Q scales per token (B,H,N), with which
-    dO^ is FP8 e4m3 (dV's operand in that contract) and the last three are written (the token dK/dV's
-    operands); without them (the block contract) dO^ is INT8 and the three are None."""
+                        s_q: torch.Tensor | None = None, tuning: Tuning | None = None) -> Preprocessed:
+    """The backward's per-row pass over dO and O (Preprocessed). s_q: the token contract's Q scales per token
+    (B,H,N), with which dO^ is FP8 e4m3 (dV's operand in that contract) and delta_sq, lse2_p and do_s are
+    written (the token dK/dV's operands); without them (the block contract) dO^ is INT8 and the three are None."""
     b, h, n, d = do.shape
     delta = torch.empty(b, h, n, device=do.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
@@ -513,4 +524,4 @@ def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, bl
         *do.stride(), *o.stride(), *(do_s if token else do).stride(), h, n, BLOCK=block_q, HEAD_DIM=d, TOKEN=token,
         **launch_settings("backward_preprocess", {"num_warps": _preprocess_warps(block_q, d, token)}, tuning),
         tuning=tuning)
-    return delta, lse2, do_cols, do_scale, delta_sq, lse2_p, do_s
+    return Preprocessed(delta, lse2, do_cols, do_scale, delta_sq, lse2_p, do_s)

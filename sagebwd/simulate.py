@@ -274,7 +274,6 @@ def _token_products(p, ds, y, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_sc
     return dv, dq, dk, lambda: p_hat * (1.0 / P_E4M3_SCALE), ds_seen
 
 
-
 def token_dk(y, saved: Saved, cfg: SageConfig, sm_scale: float):
     """The token contract's dK = Y^T Q: Y (dS s_Q, (B,H,N,N), q rows) quantised per (kv token, q block) (s_y
     (B,H,Tm,N)), each q block's exact integer product with Q^ scaled by its kv rows' s_y, the blocks summed."""
@@ -283,6 +282,7 @@ def token_dk(y, saved: Saved, cfg: SageConfig, sm_scale: float):
     y_hat, s_y = quantize_groups(y, bq, -2, cfg.quantize)
     yq = torch.einsum("bhiqn,bhiqd->bhind", y_hat.reshape(b, h, tm, bq, n), saved.q_hat.reshape(b, h, tm, bq, d))
     return (yq * s_y[..., None] * sm_scale).sum(dim=2)
+
 
 class SimulatedSageBwd(torch.autograd.Function):
     @staticmethod

@@ -3,6 +3,7 @@
 sequence-parallel groups."""
 from __future__ import annotations
 
+import gc
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -115,12 +116,19 @@ def shutdown_process_group() -> None:
     The barrier first: a rank that tore its group down while its peer was still in the run's
     last collective aborted the same way (seen once more in CI, the DP=2 run under DeepSpeed's
     own launcher, after all six steps had finished).
+    The collections around it: gloo's async work objects hold tensors, and one kept alive by a
+    reference cycle (an engine's or a hook's) would otherwise be freed at interpreter
+    finalisation, where releasing its tensors takes the GIL of an interpreter being torn down
+    (PyTorch's own diagnosis of this abort, pytorch/pytorch#179291); collected here, they are freed
+    while everything is still alive, and the group's last references with them.
     """
     global _gloo_beside_nccl
     if dist.is_initialized():
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     _gloo_beside_nccl = None
+    gc.collect()
 
 
 def skip_deepspeed_shm_comm() -> None:

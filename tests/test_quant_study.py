@@ -254,3 +254,21 @@ def test_dos_moves_only_dk_and_by_little():
     (_, dk, _), inter = backward(saved, do, cfg, return_intermediates=True)
     exact = quant_study.prescaled_do_dk(saved, inter, do, cfg, rounded=False)
     assert torch.allclose(exact, dk, rtol=1e-3, atol=1e-5 * dk.abs().max().item())
+
+
+def test_y16_changes_only_dq_and_is_a_bf16_product_of_ds():
+    """y16 / y16s: dQ from bf16(dS) and K in bf16 (a fused backward's 16-bit dQ product): only dQ and the dS it
+    consumes move; dS is the contract's P (dP - delta) rounded to bf16, dQ its product with K over sqrt(d), and at
+    sigma 1 it is nearer FPA than the contract's INT8 X^ (its quantisation, not S's, dominates dQ's error there)."""
+    from sagebwd.fpa import fpa_attention
+    q, k, v, do = gaussian_inputs(1.0, 1, 2, 256, 64, 0)
+    cfg = SageConfig(causal=True, block_q=128, block_kv=64, quant="token")
+    out = run_variants(q, k, v, do, cfg, ["a", "y16", "y16s"])
+    for name in ("y16", "y16s"):
+        assert all(torch.equal(out[name][c], out["a"][c]) for c in ("o", "dk", "dv"))
+        assert torch.equal(out[name]["ds"], out[name]["ds"].bfloat16().to(out[name]["ds"].dtype))
+    direct = (out["y16"]["ds"].double() @ k.bfloat16().double()) / 8.0
+    assert torch.allclose(out["y16"]["dq"].double(), direct, rtol=1e-6, atol=1e-7)
+    ref = fpa_attention(q, k, v, do, causal=True).dq.float()
+    err = {n: ((out[n]["dq"].float() - ref).norm() / ref.norm()).item() for n in ("a", "y16", "y16s")}
+    assert err["y16"] < 0.8 * err["a"] and abs(err["y16s"] - err["y16"]) < 0.1 * err["y16"], err

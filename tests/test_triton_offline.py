@@ -336,13 +336,15 @@ def test_dq_add_bench_builds_its_atomics_and_tma_reductions(mode, kv_rows):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", ["unordered", "ordered", "ordered_g4", "fixed", "product", "product_x"])
+@pytest.mark.parametrize("mode", ["unordered", "ordered", "ordered_g4", "fixed", "product", "product_x",
+                                  "product_y16"])
 def test_dq_reduce_probe_builds_its_reductions(mode, causal):
     """tools.dq_reduce_probe's dK/dV (GPU only) compiles for sm_90 and does what its table says: TMA reduce-adds
     issued by a reducer warp; ordered, each add waited on until written (cp.async.bulk.wait_group without .read)
     between an acquire of the program's turn and a release of the next; fixed, the partials rounded to int32
-    (cvt.rni) and added as they come; product, an INT8 wgmma more; product_x, X^ stored by bytes; shared memory
-    an H100 takes."""
+    (cvt.rni) and added as they come; product, an INT8 wgmma more; product_x, X^ stored by bytes; product_y16, a
+    bf16 wgmma more of Y stored in 16 bits (no byte stores), its stages inside Y's buffer; shared memory an H100
+    takes."""
     import torch
     from sagebwd.triton import hopper
     b, h, n, d = 1, 2, 512, 64
@@ -358,7 +360,7 @@ def test_dq_reduce_probe_builds_its_reductions(mode, causal):
     [(_, kernel, _, args, kwargs)] = hopper.dkdv_launches(
         q8, q8t, s_q, k8, s_q, out, out, do8t, f32(b * h, n // 128), s_q, s_q, s_q, out, out, causal=causal,
         block_q=128, ws=True, token=True, dq_reduce=dq_reduce, dq_groups=groups,
-        dq_product={"product": 1, "product_x": 2}.get(mode, 0))
+        dq_product={"product": 1, "product_x": 2, "product_y16": 3}.get(mode, 0))
     compiled = offline.compile_recorded(kernel, args, kwargs)
     ptx = compiled.asm["ptx"]
     wgmmas = ptx.count("wgmma.mma_async")
@@ -369,9 +371,12 @@ def test_dq_reduce_probe_builds_its_reductions(mode, causal):
         [(_, kernel, _, args, kwargs)] = hopper.dkdv_launches(
             q8, q8t, s_q, k8, s_q, out, out, do8t, f32(b * h, n // 128), s_q, s_q, s_q, out, out, causal=causal,
             block_q=128, ws=True, token=True, dq_reduce=dq_reduce)
-        assert wgmmas > offline.compile_recorded(kernel, args, kwargs).asm["ptx"].count("wgmma.mma_async")
+        base_ptx = offline.compile_recorded(kernel, args, kwargs).asm["ptx"]
+        assert wgmmas > base_ptx.count("wgmma.mma_async")
+        bf16_dots = re.compile(r"wgmma\.mma_async\S*\.f32\.bf16\.bf16")
+        assert (len(bf16_dots.findall(ptx)) > len(bf16_dots.findall(base_ptx))) == (mode == "product_y16")
     assert ("st.shared.b8" in ptx or "st.shared.u8" in ptx) == (mode == "product_x")   # X^ stored by bytes
-    if mode in ("unordered", "fixed", "product", "product_x"):
+    if mode in ("unordered", "fixed", "product", "product_x", "product_y16"):
         assert "cp.async.bulk.wait_group.read" in ptx and not written and "acquire" not in ptx
     else:
         assert written and "ld.global.gpu.acquire" in ptx and "atom.global.gpu.release.add" in ptx
@@ -400,6 +405,8 @@ def test_dkdv_launches_refuse_a_dq_reduction_they_cannot_make():
         launches(True, (int32, counters, 1.0))
     with pytest.raises(ValueError, match="int32 buffer"):
         launches(True, (fp32, None), dq_product=1)
+    with pytest.raises(ValueError, match="dq_product=4"):
+        launches(True, (int32, None, 1.0), dq_product=4)
 
 
 def test_dq_reduce_probe_counts_each_variants_loop(capsys):
@@ -414,6 +421,9 @@ def test_dq_reduce_probe_counts_each_variants_loop(capsys):
     assert loops == sorted(loops) and 12 < rows["dK/dV"]["per_element"] < 17, rows
     assert rows["+ X^ made"]["SHFL"] > rows["+ dQ product"]["SHFL"] + 32, rows
     assert rows["+ int32 adds"]["F2I"] > rows["+ fp32 adds"]["F2I"], rows   # cvt.rni
+    # Y in bf16 needs no maximum: no shuffles beyond the INT8 product's, a loop far shorter than X^'s
+    y16 = rows["+ bf16 product of Y"]
+    assert y16["SHFL"] == rows["+ dQ product"]["SHFL"] and y16["loop"] < rows["+ X^ made"]["loop"] * 0.7, rows
 
 
 def test_dq_reduce_probe_refuses_what_it_does_not_time(monkeypatch, capsys):

@@ -1,6 +1,7 @@
 """Does a fused backward's dQ reduction hide inside the dK/dV kernel? A GPU measurement (d=64, token contract).
 
     python -m tools.dq_reduce_probe [--shapes B,H,N,64 ...] [--groups G] [--json PATH]
+    python -m tools.dq_reduce_probe --products-only [--shapes ...]   (causal; int32 adds and the dQ products only)
     python -m tools.dq_reduce_probe --sass        (no GPU: each variant's build, its main loop's instructions)
 
 A backward that computes dQ inside the dK/dV program adds, after every q block, each warpgroup's dQ partial
@@ -16,7 +17,10 @@ fixed-order sum combines afterwards; and int32 fixed point (each partial rounded
 cvt.rni), whose adds give the same bits in any order, as they come. Then the int32 way with what else a fused
 kernel adds: each partial a real INT8 dQ product first (64 q rows x 128 keys x D from shared memory, waited on and
 converted; its operands not written, so this times the product), and that with X^ made in every block too
-(``dkdv_hopper._x_probe``: a column maximum by shuffles, INT8, a transposed byte store).
+(``dkdv_hopper._x_probe``: a column maximum by shuffles, INT8, a transposed byte store); and a bf16 dQ product of Y
+(``dkdv_hopper._y16_probe``: Y^T, which dK's path holds in fp32, rounded to bf16 and stored transposed in every
+block, no maximum; times K^T in bf16, unwritten; each consumer's stage is its half of Y's buffer once read, since
+separate stages would not fit an H100 block's shared memory; tools.quant_study's variant y16 is its accuracy).
 
 Columns: the dK/dV kernel as it is; with the reductions, unordered, ordered and in G ordered chains (each run zeroes
 dQ and the counters, timed apart and taken off); the G copies' sum; with int32 fixed-point adds; whether two runs of
@@ -36,7 +40,9 @@ import torch
 SHAPES = ((8, 16, 4096, 64), (4, 12, 4096, 64))
 
 
-def measure(b: int, h: int, n: int, d: int, causal: bool, groups: int = 4) -> dict:
+def measure(b: int, h: int, n: int, d: int, causal: bool, groups: int = 4, products_only: bool = False) -> dict:
+    """The row of one shape and mask (the module's docstring); products_only: only the int32 adds and the product
+    variants, each checked to leave dK and dV bit-identical (what a short GPU call can afford)."""
     import triton
 
     from sagebwd.triton import hopper, registry
@@ -68,7 +74,7 @@ def measure(b: int, h: int, n: int, d: int, causal: bool, groups: int = 4) -> di
                 launch(name, kernel, grid, *args, tuning=None, **kwargs)
         return run, dq_sum, counters
 
-    modes = {"unordered": 0, "ordered": 1, f"ordered_g{groups}": groups}
+    modes = {} if products_only else {"unordered": 0, "ordered": 1, f"ordered_g{groups}": groups}
     plain = dkdv(None)[0]
     plain()
     ref = (c.dk.clone(), c.dv.clone())
@@ -83,6 +89,8 @@ def measure(b: int, h: int, n: int, d: int, causal: bool, groups: int = 4) -> di
                 raise AssertionError(f"the dQ reduction ({name}) changed dK or dV")
             outs.append(dq_sum.view(-1, b * h * n, d).sum(0))
         sums[name] = outs
+    if products_only:
+        return _product_rows(b, h, n, d, causal, c, plain, ref, dkdv)
     first = sums["unordered"][0]
     if not (torch.isfinite(first).all() and first.abs().sum() > 0):
         raise AssertionError("the dQ reduction wrote nothing (or non-finite values)")
@@ -102,8 +110,9 @@ def measure(b: int, h: int, n: int, d: int, causal: bool, groups: int = 4) -> di
     if not torch.allclose(fixed[0].double() / scale, first.double(), rtol=0, atol=n / 128 / scale + 1e-5 * top):
         raise AssertionError("the fixed-point sum differs from the fp32 one by more than its rounding")
     sums["fixed"] = fixed
-    # a real INT8 product per partial (its operands unwritten: timing only), then the int32 adds; and with X^ made
-    for name, product in (("product", 1), ("product_x", 2)):
+    # a real INT8 product per partial (its operands unwritten: timing only), then the int32 adds; and with X^ made;
+    # and a bf16 product of Y made by every block (dkdv_hopper._y16_probe)
+    for name, product in (("product", 1), ("product_x", 2), ("product_y16", 3)):
         run, _, _ = runs[name] = dkdv(0, 1.0, product=product)
         run()
         torch.cuda.synchronize()
@@ -127,6 +136,32 @@ def measure(b: int, h: int, n: int, d: int, causal: bool, groups: int = 4) -> di
     return row
 
 
+def _product_rows(b, h, n, d, causal, c, plain, ref, dkdv) -> dict:
+    """measure's products_only row: the dK/dV, with int32 adds (scale 1), with an INT8 dQ product, with X^ made,
+    with a bf16 product of Y; the token dQ kernel."""
+    import triton
+
+    from sagebwd.triton import registry
+    from sagebwd.triton.launch import arch_for
+    runs = {}
+    for name, product in (("fixed", 0), ("product", 1), ("product_x", 2), ("product_y16", 3)):
+        run, _, _ = runs[name] = dkdv(0, 1.0, product=product)
+        run()
+        torch.cuda.synchronize()
+        if not (torch.equal(ref[0], c.dk) and torch.equal(ref[1], c.dv)):
+            raise AssertionError(f"the dQ {name} changed dK or dV")
+    dq_kernel = registry.load(registry.resolve(arch_for(c.q8.device, None), d, "dq", "token", causal=causal,
+                                               block_q=128, block_kv=64, smooth_q=False, seq=n))
+
+    def bench(fn):
+        return triton.testing.do_bench(fn, return_mode="median")
+    row = {"shape": [b, h, n, d], "causal": causal, "dkdv": bench(plain), "dq": bench(lambda: dq_kernel(c, None))}
+    for name, (run, dq_sum, counters) in runs.items():
+        zeroing = bench(lambda: (dq_sum.zero_(), counters.zero_()))
+        row[name] = bench(run) - zeroing
+    return row
+
+
 SASS_OPS = ("FMNMX", "SHFL", "STS", "LDS", "BAR", "STL", "LDL", "I2FP", "F2I")
 
 
@@ -143,7 +178,7 @@ def sass_report(causal: bool = False) -> list[dict]:
     fixed = (torch.zeros(b * h * n, d, dtype=torch.int32), None, 1.0)
     variants = {"dK/dV": ({}, None), "+ fp32 adds": ({}, (f32(b * h * n, d), None)),
                 "+ int32 adds": ({}, fixed), "+ dQ product": ({"dq_product": 1}, fixed),
-                "+ X^ made": ({"dq_product": 2}, fixed)}
+                "+ X^ made": ({"dq_product": 2}, fixed), "+ bf16 product of Y": ({"dq_product": 3}, fixed)}
     rows = []
     for name, (extra, dq_reduce) in variants.items():
         [(_, kernel, _, args, kwargs)] = hopper.dkdv_launches(
@@ -186,6 +221,8 @@ def main(argv=None) -> int:
     parser.add_argument("--groups", type=int, default=4, choices=(2, 4, 8),
                         help="ordered chains of the third variant, each into its own copy of dQ (default 4)")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--products-only", action="store_true",
+                        help="only the int32 adds and the dQ product variants (INT8, X^ made, bf16 Y), causal")
     parser.add_argument("--sass", action="store_true", help="no GPU: compile each variant for sm_90 and count its "
                         "main loop's instructions (the build without the causal mask)")
     args = parser.parse_args(argv)
@@ -196,13 +233,24 @@ def main(argv=None) -> int:
         print("dq_reduce_probe needs a CUDA GPU (Hopper)")
         return 2
     rows = []
+    if args.products_only:
+        print("| (B,H,N,D) | mask | dK/dV ms | + int32 adds | + INT8 dQ product | + X^ made | + bf16 product of Y | "
+              "token dQ kernel ms | dK/dV + dQ kernel |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for shape in args.shapes:
+            r = measure(*shape, True, products_only=True)
+            rows.append(r)
+            print(f"| {tuple(shape)} | causal | {r['dkdv']:.3f} | {r['fixed']:.3f} | {r['product']:.3f} | "
+                  f"{r['product_x']:.3f} | {r['product_y16']:.3f} | {r['dq']:.3f} | {r['dkdv'] + r['dq']:.3f} |",
+                  flush=True)
     g = args.groups
-    print(f"| (B,H,N,D) | mask | dK/dV ms | + adds, unordered | hidden | + adds, ordered | hidden | + adds, {g} "
-          f"ordered chains | hidden | {g} copies' sum ms | + int32 adds, unordered | hidden | ordered and int32 "
-          "repeat bits | "
-          "+ dQ product and int32 adds | + X^ made | adds alone ms | token dQ kernel ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for shape in args.shapes:
+    if not args.products_only:
+        print(f"| (B,H,N,D) | mask | dK/dV ms | + adds, unordered | hidden | + adds, ordered | hidden | + adds, {g} "
+              f"ordered chains | hidden | {g} copies' sum ms | + int32 adds, unordered | hidden | ordered and int32 "
+              "repeat bits | "
+              "+ dQ product and int32 adds | + X^ made | + bf16 product of Y | adds alone ms | token dQ kernel ms |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for shape in [] if args.products_only else args.shapes:
         for causal in (True, False):
             r = measure(*shape, causal, g)
             rows.append(r)
@@ -211,7 +259,8 @@ def main(argv=None) -> int:
                   f"{r[f'ordered_g{g}']:.3f} | {r[f'hidden_ordered_g{g}']:.0%} | {r['combine']:.3f} | "
                   f"{r['fixed']:.3f} | {r['hidden_fixed']:.0%} | "
                   f"{r['repeats_ordered'] and r[f'repeats_ordered_g{g}'] and r['repeats_fixed']} | "
-                  f"{r['product']:.3f} | {r['product_x']:.3f} | {r['adds']:.3f} | {r['dq']:.3f} |", flush=True)
+                  f"{r['product']:.3f} | {r['product_x']:.3f} | {r['product_y16']:.3f} | {r['adds']:.3f} | "
+                  f"{r['dq']:.3f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "device": torch.cuda.get_device_name(), "torch": torch.__version__}, f, indent=1)

@@ -85,6 +85,13 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      then Y = P (that), quantised per (kv token, q block) as in the contract. dQ's dS (X) and everything else is
      variant a. Not in the default list.
 
+  y16  dQ's product in bf16, as a fused d=64 backward would make it from the Y^T it already holds in fp32 for
+     dK (no X^, so no maximum over the kv rows a program spreads across its warps): dQ = sm_scale
+     bf16(dS) K, dS = P (dP - delta) with the contract's P (from the INT8 S), K the input rounded to bf16 (what
+     the kernel would load; dS's rows sum to ~0, so K-smoothing's mean drops out up to that), summed in fp64.
+     Rounding Y = 256 dS s_Q to bf16 is dS's rounding (a power of two and a per-row scale). y16s: K - mean in
+     K's place. Everything else is variant a. Not in the default list (``--variants a y16 y16s``).
+
 Variants e and f keep the backward's token-contract formulas (X = dS s_K, Y = dS s_Q) with the
 group scale of each token. Fake quantisation: FP8 values are rounded to e4m3 (round to nearest even,
 subnormals kept, clamped to +-448) and the products of dequantised values are summed in fp64; the
@@ -129,6 +136,8 @@ VARIANTS = {
     "dpi8b": "bwd dP = dO V^T in INT8: dO per (block_q x D) block, V per kv token",
     "dqfix": "bwd dQ's sum over key tiles in int32 fixed point, a power-of-two quantum per q row from a bound",
     "dos": "bwd dK's Y^T from V [dO s_Q | -delta s_Q]^T: dO s_Q in bf16, delta s_Q as hi + lo (no column reads)",
+    "y16": "bwd dQ = dS K in bf16 (a fused backward's product): dS unquantised, rounded to bf16, K as given in bf16",
+    "y16s": "as y16 with K-smoothing's K - mean rounded to bf16 in K's place",
 }
 DP_VARIANTS = ("dpi8", "dpf8", "dpi8b")
 WIDE_TILE = 128   # keys one INT8 product P^ V^ spans in p128 / p128vc
@@ -268,6 +277,19 @@ def _kv_tile_x_dq(saved, inter, cfg: SageConfig) -> tuple[torch.Tensor, torch.Te
     return dq.to(saved.v.dtype), ds_seen()
 
 
+def _bf16_ds_dq(saved, inter, q, k, cfg: SageConfig, smoothed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dQ, dS as it consumes it) with dQ = sm_scale bf16(dS) K16 summed in fp64 (variants y16, y16s): K16 is K
+    rounded to bf16, or K - mean (K-smoothing's) rounded so when smoothed."""
+    ds16 = (_backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))).to(torch.bfloat16)
+    k_used = k
+    if smoothed:
+        ct = compute_dtype(q.dtype)
+        _, k_used, _ = smooth(q.to(ct), k.to(ct), cfg)
+    k16 = k_used.to(torch.bfloat16)
+    dq = torch.einsum("bhqk,bhkd->bhqd", ds16.double(), k16.double()) / math.sqrt(saved.v.shape[-1])
+    return dq.to(saved.v.dtype), ds16.to(saved.v.dtype)
+
+
 def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(dQ, dS as it consumes it) with K^ quantised per channel over the whole sequence (one scale c_d
     per head and channel, after K-smoothing) instead of per token: dS then needs no s_K folded in,
@@ -396,6 +418,9 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
         elif name == "x64":
             dq_x, ds_x = _kv_tile_x_dq(saved, inter, cfg)
             out[name] = {**base, "dq": dq_x, "ds": ds_x}
+        elif name in ("y16", "y16s"):
+            dq_y, ds_y = _bf16_ds_dq(saved, inter, q, k, cfg, smoothed=name == "y16s")
+            out[name] = {**base, "dq": dq_y, "ds": ds_y}
         elif name == "dqfix":
             dq_f, stats = fixed_point_dq(saved, inter, do, cfg)
             out[name] = {**base, "dq": dq_f, "stats": stats}

@@ -86,6 +86,7 @@ ORDERED_DQ = gl.constexpr(2)
 FIXED_DQ = gl.constexpr(3)
 PRODUCT_DQ = gl.constexpr(4)   # FIXED_DQ after a real dQ product (its operands' values unwritten)
 PRODUCT_X_DQ = gl.constexpr(5)   # PRODUCT_DQ with X^ made and stored by each block (_x_probe)
+PRODUCT_Y16_DQ = gl.constexpr(6)   # FIXED_DQ after a bf16 dQ product of Y (stored by each block, _y16_probe)
 # A program holds the scales of this many q blocks at a time in shared memory (_stage_scales).
 SCALE_CHUNK = gl.constexpr(32)
 
@@ -507,13 +508,22 @@ def _x_probe(y, kq, dst):
 
 
 @gluon.jit
+def _y16_probe(y, dst):
+    """A fused backward's dQ operand of one q slice in bf16, for its cost (tools.dq_reduce_probe): Y^T (256 dS^T s_Q,
+    what dK's path already holds in fp32) rounded to bf16 and stored transposed (q rows, keys contiguous: the bf16
+    dQ product's A operand) into the first SLICE keys of dst; 1 / (256 s_Q) per q row would scale dQ's rows at the
+    end. No maximum: the product is 16-bit (tools.quant_study variant y16)."""
+    dst.slice(0, y.shape[0], dim=1).permute((1, 0)).store(y.to(gl.bfloat16))
+
+
+@gluon.jit
 def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, sq_smem,
                    bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, sq_desc, n_blocks, q_row0, t_row0,
                    vb, vh, offs_kv, kq, SDO_bh, s_layout: gl.constexpr, dp_layout: gl.constexpr,
                    acc_layout: gl.constexpr, op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr,
                    HEAD_DIM: gl.constexpr, PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr,
                    MASK_A: gl.constexpr, MASK_B: gl.constexpr, MASK_DIAG: gl.constexpr, diag, empty, WS: gl.constexpr,
-                   dq_x, DQ_X: gl.constexpr):
+                   dq_x, DQ_MODE: gl.constexpr):
     """_q_block in the token contract (backward.py's TOKEN branches, in its order): dV, dK after q block
     `blk` (ring slot r); kq = s_K qk_const per kv row; the same flags as _q_block.
 
@@ -531,8 +541,9 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
     Y^T of slice b; its row scale; dK of both. Slice a (HAS_A False: wholly above the causal
     diagonal) is then skipped: its P^T is 0, which adds nothing to dV and changes neither Y^T's
     maximum nor its sum.
-    The ring entry (both slices) is released at the block's end. DQ_X (tools.dq_reduce_probe): while dK's
-    product runs, a fused backward's X^ of both slices is made and stored to dq_x (_x_probe)."""
+    The ring entry (both slices) is released at the block's end. DQ_MODE (tools.dq_reduce_probe; NO_DQ by default):
+    while dK's product runs, a fused backward's dQ operand of both slices is made and stored to dq_x: X^ (_x_probe)
+    with PRODUCT_X_DQ, Y in bf16 (_y16_probe) with PRODUCT_Y16_DQ."""
     slot = r % STAGES
     phase = (r // STAGES) & 1
     s_do = gl.load(SDO_bh + blk)   # dO^'s scale: per q block, as in the block contract
@@ -626,7 +637,11 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         y_scale, y_inv = _row_scales(y_max)
         dk_int = _rows_dot(p_a if HAS_A else y_b, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, HAS_A,
                            SLICE, BLOCKED, False)
-        if DQ_X:
+        if DQ_MODE == PRODUCT_Y16_DQ:
+            if HAS_A:
+                _y16_probe(p_a, dq_x.index(0))
+            _y16_probe(y_b, dq_x.index(1))
+        if DQ_MODE == PRODUCT_X_DQ:
             if HAS_A:
                 _x_probe(p_a, kq, dq_x.index(0))
             _x_probe(y_b, kq, dq_x.index(1))
@@ -658,7 +673,7 @@ def _q_step(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, 
             op_layout: gl.constexpr, STAGES: gl.constexpr, SLICE: gl.constexpr, HEAD_DIM: gl.constexpr,
             PASS: gl.constexpr, BLOCKED: gl.constexpr, HAS_A: gl.constexpr, MASK_A: gl.constexpr, MASK_B: gl.constexpr,
             rec_layout: gl.constexpr, MASK_DIAG: gl.constexpr, diag, empty, WS: gl.constexpr, sq_smem, sq_desc,
-            SDO_bh, TOKEN: gl.constexpr, dq_x, DQ_X: gl.constexpr):
+            SDO_bh, TOKEN: gl.constexpr, dq_x, DQ_MODE: gl.constexpr):
     """One q block of _kv_tile's loop in the contract TOKEN names: _q_block_token (k_scale: s_K qk_const
     per kv row; s_Q and s_dO from sq_smem and SDO_bh) or _q_block (k_scale: the tile's; sc_smem's records)."""
     if TOKEN:
@@ -666,7 +681,7 @@ def _q_step(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, 
                                 delta_smem, sq_smem, bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc,
                                 sq_desc, n_blocks, q_row0, t_row0, vb, vh, offs_kv, k_scale, SDO_bh, s_layout,
                                 dp_layout, acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, HAS_A,
-                                MASK_A, MASK_B, MASK_DIAG, diag, empty, WS, dq_x, DQ_X)
+                                MASK_A, MASK_B, MASK_DIAG, diag, empty, WS, dq_x, DQ_MODE)
     else:
         dv, dk = _q_block(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem,
                           bars, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, n_blocks, q_row0, t_row0,
@@ -686,11 +701,18 @@ def _dq_reduce_probe(r, acc, stage, dq_full, dq_empty, half, dq_scale, dq_x, dq_
     as int32 round(acc dq_scale), fixed point, whose adds give the same bits in any order. PRODUCT_DQ: the partial
     is a real INT8 product first, dq_x[half] (SLICE q rows x 2 SLICE keys, not written: its cost, not its values)
     times dq_kt^T, waited on and converted, then added as FIXED_DQ; PRODUCT_X_DQ: the same, with dq_x written by
-    _x_probe in each block."""
+    _x_probe in each block; PRODUCT_Y16_DQ: a bf16 product of dq_x (Y, written by _y16_probe in each block) and
+    dq_kt (K^T in bf16, not written), then added as FIXED_DQ."""
     slot = r % NSTAGE
     if r >= NSTAGE:   # the reducer has read what this stage held NSTAGE blocks ago
         mbarrier.wait(dq_empty.index(2 * half + slot), ((r // NSTAGE) - 1) & 1)
-    if MODE >= PRODUCT_DQ:
+    if MODE == PRODUCT_Y16_DQ:   # bf16: dq_x holds Y (SLICE q rows x 2 SLICE keys), dq_kt K^T
+        acc16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, acc.shape[1], 16])
+        prod = warpgroup_mma(dq_x.index(half), dq_kt.permute((1, 0)), gl.zeros(acc.shape, gl.float32, acc16),
+                             use_acc=False, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[prod])
+    elif MODE >= PRODUCT_DQ:
         prod = warpgroup_mma(dq_x.index(half), dq_kt.permute((1, 0)), gl.zeros(acc.shape, gl.int32, acc_layout),
                              use_acc=False, is_async=True)
         prod = warpgroup_mma_wait(0, deps=[prod])
@@ -758,7 +780,7 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
                               q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
                               acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, True, True, False,
                               rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN,
-                          dq_x, DQ_REDUCE == PRODUCT_X_DQ)
+                          dq_x, DQ_REDUCE)
             if DQ_REDUCE:
                 _dq_reduce_probe(0, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
                                  dq_x, dq_kt, DQ_REDUCE, DQ_STAGES, acc_layout)
@@ -768,7 +790,7 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
                               q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
                               acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, False, False,
                               True, rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN,
-                          dq_x, DQ_REDUCE == PRODUCT_X_DQ)
+                          dq_x, DQ_REDUCE)
             if DQ_REDUCE:
                 _dq_reduce_probe(0, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
                                  dq_x, dq_kt, DQ_REDUCE, DQ_STAGES, acc_layout)
@@ -784,7 +806,7 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
                           q_row0, t_row0, vb, vh, offs_kv, sc_smem, k_scale, qk_const, s_layout, dp_layout,
                           acc_layout, op_layout, STAGES, SLICE, HEAD_DIM, PASS, BLOCKED, True, False, False,
                           rec_layout, MASK_IN_LOOP, r == 0, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN,
-                          dq_x, DQ_REDUCE == PRODUCT_X_DQ)
+                          dq_x, DQ_REDUCE)
         if DQ_REDUCE:
             _dq_reduce_probe(r, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
                              dq_x, dq_kt, DQ_REDUCE, DQ_STAGES, acc_layout)

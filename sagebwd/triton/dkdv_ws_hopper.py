@@ -34,8 +34,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .dkdv_hopper import (DV_ONLY, ORDERED_DQ, PRODUCT_DQ, SCALE_CHUNK, _allocate, _allocate_token, _kv_tile,
-                          _load_block, _load_kv, _load_slice)
+from .dkdv_hopper import (DV_ONLY, ORDERED_DQ, PRODUCT_DQ, PRODUCT_Y16_DQ, SCALE_CHUNK, _allocate, _allocate_token,
+                          _kv_tile, _load_block, _load_kv, _load_slice)
 from .gluon_ext import tma_reduce_add
 
 # Ring depth per pass: q blocks (the dK pass: slice pairs), as many as shared memory holds beside
@@ -198,7 +198,17 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
         sc0 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
         sc1 = gl.allocate_shared_memory(gl.float32, [SCALE_CHUNK, 8], unused)
     kv_bar, full, empty = ring_barriers(STAGES)
-    if DQ_REDUCE:   # two stages per consumer
+    if DQ_REDUCE == PRODUCT_Y16_DQ:
+        # the bf16 product's operands: Y of both q halves, K^T. Each consumer's one stage is its Y half once its
+        # product has read it (16 KB either way): separate stages would take shared memory past an H100 block's
+        # 227 KB. A fused kernel would write the next block's Y only after the reducer's dq_empty (not here: the
+        # probe times the work, its values are not read)
+        operand16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        dq_x = gl.allocate_shared_memory(gl.bfloat16, [2, SLICE, 2 * SLICE], operand16)
+        dq_kt = gl.allocate_shared_memory(gl.bfloat16, [HEAD_DIM, 2 * SLICE], operand16)
+        dq_0 = dq_x.index(0)._reinterpret(dq_desc.dtype, [DQ_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
+        dq_1 = dq_x.index(1)._reinterpret(dq_desc.dtype, [DQ_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
+    elif DQ_REDUCE:   # two stages per consumer
         dq_0 = gl.allocate_shared_memory(dq_desc.dtype, [DQ_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
         dq_1 = gl.allocate_shared_memory(dq_desc.dtype, [DQ_STAGES] + dq_desc.block_type.shape, dq_desc.layout)
         if DQ_REDUCE >= PRODUCT_DQ:   # the product's operands: X^ of both q halves, K^T of the 2 SLICE kv rows
@@ -208,6 +218,7 @@ def _dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc
         else:
             dq_x = lse_smem
             dq_kt = lse_smem
+    if DQ_REDUCE:
         dq_full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         dq_empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(4):

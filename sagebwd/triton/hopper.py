@@ -88,9 +88,12 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
     many ordered chains, into as many copies of dQ (the buffer's rows and the counters' first dimension dq_groups
     times as many); dq_product (with an int32 buffer) 1: each partial is first a real INT8 dQ product from shared
     memory (its operands' values not written: the cost of the product, its wait and conversion), one dQ stage per
-    consumer (shared memory); 2: with X^ made and stored by every block (dkdv_hopper._x_probe)."""
+    consumer (shared memory); 2: with X^ made and stored by every block (dkdv_hopper._x_probe); 3: a bf16 product
+    of Y made and stored by every block (dkdv_hopper._y16_probe) and K^T in bf16."""
     b, h, n, d = q8.shape
     tile_rows = dkdv_hopper.ROWS
+    if dq_product not in (0, 1, 2, 3):
+        raise ValueError(f"dq_product={dq_product!r}: 0 (none), 1 (INT8), 2 (INT8 with X^ made) or 3 (bf16 of Y)")
 
     def args(kv_rows, q_rows):
         return dkdv_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, kv_rows=kv_rows,
@@ -119,7 +122,8 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
                 if dq_product:
                     if mode != dkdv_hopper.FIXED_DQ:
                         raise ValueError("dq_product adds its int32 partials: pass an int32 buffer and no counters")
-                    mode = dkdv_hopper.PRODUCT_DQ if dq_product == 1 else dkdv_hopper.PRODUCT_X_DQ
+                    mode = {1: dkdv_hopper.PRODUCT_DQ, 2: dkdv_hopper.PRODUCT_X_DQ,
+                            3: dkdv_hopper.PRODUCT_Y16_DQ}[dq_product]
             out.append((name, dkdv_ws_hopper._dkdv_ws_kernel, (n // (2 * tile_rows), b * h), (*ws_args, *reduce_args),
                         {**common, "STAGES": dkdv_ws_hopper.STAGES[name], "CONSUMER_REGS": dkdv_ws_hopper.CONSUMER_REGS,
                          "PRODUCER_REGS": dkdv_ws_hopper.PRODUCER_REGS, "DQ_REDUCE": mode.value,

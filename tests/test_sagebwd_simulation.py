@@ -279,6 +279,28 @@ def test_token_contract_is_more_accurate_than_block():
     assert rows["token"][1]["dq"].rel_l2 < 0.5 * rows["block"][1]["dq"].rel_l2
 
 
+@pytest.mark.xfail(strict=True, reason="known: the token contract writes dO s_Q in dO's dtype (Y from dO s_Q, "
+                   "2026-11-28); in fp16 it leaves the normal range when |dO| s_Q < 2^-14 and dK loses precision. "
+                   "The planned fix, a power of two per q block, is in docs/kernel-notes.md (sixteenth session)")
+def test_token_dk_keeps_its_accuracy_in_fp16_with_small_gradients():
+    """fp16 inputs with small output gradients (dO ~ 1e-5, as in fp16 training without loss scaling) must keep
+    dK's error near bf16's at the same inputs: every scale of the contract is relative, so only fp16's range can
+    move it. Measured: bf16 dK 0.020 at every dO scale; fp16 0.020 at dO ~ 1, 0.11 at dO ~ 1e-5 (0.024 before
+    dO s_Q was written in fp16)."""
+    from sagebwd.simulate import SimulatedSageBwd
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 256, 64, generator=gen) for _ in range(4))
+    do = do * 1e-5
+    cfg = SageConfig(causal=True, quant="token")
+    err = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        qq, kk, vv = (t.to(dtype).requires_grad_() for t in (q, k, v))
+        SimulatedSageBwd.apply(qq, kk, vv, cfg).backward(do.to(dtype))
+        ref = fpa_attention(q.double(), k.double(), v.double(), do.to(dtype).double(), causal=True)
+        err[dtype] = ((kk.grad.double() - ref.dk).norm() / ref.dk.norm()).item()
+    assert err[torch.float16] < 1.5 * err[torch.bfloat16], err
+
+
 def test_tiny_groups_quantise_to_zero_not_nan():
     from sagebwd.quant import MIN_AMAX, quantize_groups
     x = torch.tensor([[1e-38, -5e-39, 0.0, 0.0], [1.0, -0.5, 0.25, 0.0]])

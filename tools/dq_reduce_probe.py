@@ -43,10 +43,8 @@ SHAPES = ((8, 16, 4096, 64), (4, 12, 4096, 64))
 def measure(b: int, h: int, n: int, d: int, causal: bool, groups: int = 4, products_only: bool = False) -> dict:
     """The row of one shape and mask (the module's docstring); products_only: only the int32 adds and the product
     variants, each checked to leave dK and dV bit-identical (what a short GPU call can afford)."""
-    import triton
-
-    from sagebwd.triton import hopper, registry
-    from sagebwd.triton.launch import arch_for, launch
+    from sagebwd.triton import hopper
+    from sagebwd.triton.launch import launch
     from tools.dq_add_bench import adds_launcher, token_backward_call
 
     c = token_backward_call(b, h, n, d, causal)
@@ -110,55 +108,62 @@ def measure(b: int, h: int, n: int, d: int, causal: bool, groups: int = 4, produ
     if not torch.allclose(fixed[0].double() / scale, first.double(), rtol=0, atol=n / 128 / scale + 1e-5 * top):
         raise AssertionError("the fixed-point sum differs from the fp32 one by more than its rounding")
     sums["fixed"] = fixed
-    # a real INT8 product per partial (its operands unwritten: timing only), then the int32 adds; and with X^ made;
-    # and a bf16 product of Y made by every block (dkdv_hopper._y16_probe)
-    for name, product in (("product", 1), ("product_x", 2), ("product_y16", 3)):
+    runs.update(_checked_products(dkdv, c, ref, PRODUCTS))
+    dq_kernel = _token_dq_kernel(c, causal)
+    row = {"shape": [b, h, n, d], "causal": causal, "groups": groups, "dkdv": _bench(plain),
+           "adds": _bench(adds_launcher(b, h, n, d, causal, 128)(2)), "dq": _bench(lambda: dq_kernel(c, None))}
+    for name, (run, dq_sum, counters) in runs.items():   # unordered, ordered, chains, fixed
+        zeroing = _bench(lambda: (dq_sum.zero_(), counters.zero_()))   # each run's own, taken off
+        row[name] = _bench(run) - zeroing
+        row[f"hidden_{name}"] = 1 - (row[name] - row["dkdv"]) / row["adds"]
+        if name in sums:
+            row[f"repeats_{name}"] = torch.equal(sums[name][0], sums[name][1])
+    copies = runs[f"ordered_g{groups}"][1].view(groups, -1, d)
+    row["combine"] = _bench(lambda: copies.sum(0))   # the copies' fixed-order sum (a fused backward's epilogue)
+    return row
+
+
+# the dQ product variants (name, hopper.dkdv_launches' dq_product): a real INT8 product per partial (its operands
+# unwritten: timing only), then the int32 adds; that with X^ made; a bf16 product of Y made by every block
+PRODUCTS = (("product", 1), ("product_x", 2), ("product_y16", 3))
+
+
+def _checked_products(dkdv, c, ref, variants) -> dict:
+    """{name: measure's dkdv(0, 1.0, product)} for each (name, product) of variants, each run once and checked to
+    leave dK and dV bit-identical to ref."""
+    runs = {}
+    for name, product in variants:
         run, _, _ = runs[name] = dkdv(0, 1.0, product=product)
         run()
         torch.cuda.synchronize()
         if not (torch.equal(ref[0], c.dk) and torch.equal(ref[1], c.dv)):
             raise AssertionError(f"the dQ {name} changed dK or dV")
-    dq_kernel = registry.load(registry.resolve(arch_for(c.q8.device, None), d, "dq", "token", causal=causal,
-                                               block_q=128, block_kv=64, smooth_q=False, seq=n))
+    return runs
 
-    def bench(fn):
-        return triton.testing.do_bench(fn, return_mode="median")
-    row = {"shape": [b, h, n, d], "causal": causal, "groups": groups, "dkdv": bench(plain),
-           "adds": bench(adds_launcher(b, h, n, d, causal, 128)(2)), "dq": bench(lambda: dq_kernel(c, None))}
-    for name, (run, dq_sum, counters) in runs.items():   # unordered, ordered, chains, fixed
-        zeroing = bench(lambda: (dq_sum.zero_(), counters.zero_()))   # each run's own, taken off
-        row[name] = bench(run) - zeroing
-        row[f"hidden_{name}"] = 1 - (row[name] - row["dkdv"]) / row["adds"]
-        if name in sums:
-            row[f"repeats_{name}"] = torch.equal(sums[name][0], sums[name][1])
-    copies = runs[f"ordered_g{groups}"][1].view(groups, -1, d)
-    row["combine"] = bench(lambda: copies.sum(0))   # the copies' fixed-order sum (a fused backward's epilogue)
-    return row
+
+def _token_dq_kernel(c, causal: bool):
+    """The token dQ kernel this device runs for c (dq_add_bench.token_backward_call's operands)."""
+    from sagebwd.triton import registry
+    from sagebwd.triton.launch import arch_for
+    b, h, n, d = c.q8.shape
+    return registry.load(registry.resolve(arch_for(c.q8.device, None), d, "dq", "token", causal=causal,
+                                          block_q=128, block_kv=64, smooth_q=False, seq=n))
+
+
+def _bench(fn) -> float:
+    import triton
+    return triton.testing.do_bench(fn, return_mode="median")
 
 
 def _product_rows(b, h, n, d, causal, c, plain, ref, dkdv) -> dict:
     """measure's products_only row: the dK/dV, with int32 adds (scale 1), with an INT8 dQ product, with X^ made,
     with a bf16 product of Y; the token dQ kernel."""
-    import triton
-
-    from sagebwd.triton import registry
-    from sagebwd.triton.launch import arch_for
-    runs = {}
-    for name, product in (("fixed", 0), ("product", 1), ("product_x", 2), ("product_y16", 3)):
-        run, _, _ = runs[name] = dkdv(0, 1.0, product=product)
-        run()
-        torch.cuda.synchronize()
-        if not (torch.equal(ref[0], c.dk) and torch.equal(ref[1], c.dv)):
-            raise AssertionError(f"the dQ {name} changed dK or dV")
-    dq_kernel = registry.load(registry.resolve(arch_for(c.q8.device, None), d, "dq", "token", causal=causal,
-                                               block_q=128, block_kv=64, smooth_q=False, seq=n))
-
-    def bench(fn):
-        return triton.testing.do_bench(fn, return_mode="median")
-    row = {"shape": [b, h, n, d], "causal": causal, "dkdv": bench(plain), "dq": bench(lambda: dq_kernel(c, None))}
+    runs = _checked_products(dkdv, c, ref, (("fixed", 0), *PRODUCTS))
+    dq_kernel = _token_dq_kernel(c, causal)
+    row = {"shape": [b, h, n, d], "causal": causal, "dkdv": _bench(plain), "dq": _bench(lambda: dq_kernel(c, None))}
     for name, (run, dq_sum, counters) in runs.items():
-        zeroing = bench(lambda: (dq_sum.zero_(), counters.zero_()))
-        row[name] = bench(run) - zeroing
+        zeroing = _bench(lambda: (dq_sum.zero_(), counters.zero_()))
+        row[name] = _bench(run) - zeroing
     return row
 
 

@@ -40,12 +40,13 @@ def forward_ms(shape, causal: bool, block_kv: int, maxnreg: int | None, iters: i
             "quantize_ms": next((t for name, t in ms.items() if "quantize" in name), 0.0)}
 
 
-def check_token_shapes(ap: argparse.ArgumentParser, shapes) -> None:
-    """ap.error unless every --shapes entry has head dim 64 or 128 and a sequence a multiple of 128."""
+def check_token_shapes(ap: argparse.ArgumentParser, shapes, tile: str = "the token forward's kv tile") -> None:
+    """ap.error unless every --shapes entry has head dim 64 or 128 and a sequence a multiple of 128 (`tile`: the
+    128-row tile of the launch the tool times, named in the message)."""
     for shape in shapes:
         if shape[-1] not in CAPS or shape[2] % 128:
             ap.error(f"--shapes {','.join(map(str, shape))}: head dim 64 or 128 and a sequence that is a "
-                     "multiple of 128 (the token forward's kv tile)")
+                     f"multiple of 128 ({tile})")
 
 
 def has_cuda(tool: str) -> bool:

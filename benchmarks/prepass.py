@@ -24,7 +24,7 @@ import argparse
 import sys
 
 from benchmarks.attention import _shape
-from benchmarks.forward_tiles import has_cuda, write_rows
+from benchmarks.forward_tiles import check_token_shapes, has_cuda, write_rows
 
 SHAPES = [(4, 12, 4096, 64), (8, 16, 4096, 64), (8, 8, 4096, 128)]
 
@@ -127,10 +127,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=15, help="replays; the median is reported")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
-    for shape in args.shapes:
-        if shape[-1] not in (64, 128) or shape[2] % 128:
-            ap.error(f"--shapes {','.join(map(str, shape))}: head dim 64 or 128 and a sequence that is a multiple "
-                     "of 128 (the quantise launch's tile)")
+    check_token_shapes(ap, args.shapes, "the quantise launch's tile")
     if min(args.lags) < 0 or args.iters < 1 or args.repeats < 1:
         ap.error("--lags must be >= 0, --iters and --repeats >= 1")
     if not has_cuda("benchmarks.prepass"):

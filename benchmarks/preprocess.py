@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from benchmarks.attention import _shape
-from benchmarks.forward_tiles import has_cuda, write_rows
+from benchmarks.forward_tiles import check_token_shapes, has_cuda, write_rows
 from benchmarks.prepass import graph_ms
 
 SHAPES = [(4, 12, 4096, 64), (8, 16, 4096, 64), (8, 8, 4096, 128)]
@@ -72,10 +72,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=21, help="replays; the median is reported")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
-    for shape in args.shapes:
-        if shape[-1] not in (64, 128) or shape[2] % BLOCK_Q:
-            ap.error(f"--shapes {','.join(map(str, shape))}: head dim 64 or 128 and a sequence that is a multiple "
-                     f"of {BLOCK_Q} (the preprocess's tile)")
+    check_token_shapes(ap, args.shapes, "the preprocess's tile")
     if any(w not in (1, 2, 4, 8, 16, 32) for w in args.warps):
         ap.error(f"--warps {' '.join(map(str, args.warps))}: each a power of two from 1 to 32")
     if args.iters < 1 or args.repeats < 1:

@@ -438,7 +438,11 @@ def test_dq_reduce_probe_refuses_what_it_does_not_time(monkeypatch, capsys):
     assert "--groups" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert dq_reduce_probe.main([]) == 2
+    assert dq_reduce_probe.main(["--products-only"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
+    with pytest.raises(SystemExit):   # the products-only row sits in the d=64 dK/dV pass too
+        dq_reduce_probe.main(["--products-only", "--shapes", "8,8,4096,128"])
+    assert "D 64" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -512,10 +512,10 @@ def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, bl
     b, h, n, d = do.shape
     delta = torch.empty(b, h, n, device=do.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
-    delta_sq = torch.empty_like(delta) if s_q is not None else None
-    lse2_p = torch.empty_like(delta) if s_q is not None else None
-    do_s = torch.empty_like(do) if s_q is not None else None
     token = s_q is not None
+    delta_sq = torch.empty_like(delta) if token else None
+    lse2_p = torch.empty_like(delta) if token else None
+    do_s = torch.empty_like(do) if token else None
     do_cols = torch.empty(b, h, d, n, device=do.device, dtype=torch.float8_e4m3fn if token else torch.int8)
     do_scale = torch.empty(b, h, n // block_q, device=do.device, dtype=torch.float32)
     launch("backward_preprocess", _backward_preprocess_kernel, (n // block_q, b * h),

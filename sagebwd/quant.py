@@ -45,6 +45,19 @@ def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):
     return q, scale
 
 
+def dos_power(s_do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(c, 1 / c) per q block: the power of two by which the token contract scales dO s_Q and delta s_Q before dO s_Q
+    is rounded to dO's dtype. s_do is dO^'s e4m3 scale of the block (amax / 448); with E the biased exponent of s_do
+    in fp32, c = 2^(124 - E), so the block's largest |dO| c lies in [56, 112): dO s_Q c stays in fp16's normal range
+    for any s_Q an fp16 Q can have (at most 65504 / 127), where dO s_Q itself underflows once |dO| s_Q < 2^-14.
+    Exact in every dtype (a power of two), so in bf16 it changes no bit of Y's integers or of dK. Both come from
+    s_do's bits, as the kernels take them (_common.dos_power, dkdv_hopper's), so that no tensor carries c."""
+    e = (s_do.float().contiguous().view(torch.int32) >> 23) & 0xFF
+    c = ((251 - e) << 23).view(torch.float32)
+    c_inv = ((e + 3) << 23).view(torch.float32)
+    return c, c_inv
+
+
 def round_to_e4m3(x: torch.Tensor) -> torch.Tensor:
     """x rounded to FP8 e4m3 (nearest, ties to even; saturating at +-448), held in x's dtype."""
     return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(x.dtype)

@@ -39,8 +39,8 @@ from typing import NamedTuple
 
 import torch
 
-from .quant import (P_E4M3_SCALE, QMAX, dequantize_groups, dequantize_tiles, quantize_groups, quantize_row_blocks,
-                    quantize_row_blocks_e4m3, quantize_tiles, round_to_e4m3)
+from .quant import (P_E4M3_SCALE, QMAX, dequantize_groups, dequantize_tiles, dos_power, quantize_groups,
+                    quantize_row_blocks, quantize_row_blocks_e4m3, quantize_tiles, round_to_e4m3)
 from .validate import QUANT_CONTRACTS, key_tile
 
 
@@ -184,7 +184,7 @@ def backward(saved: Saved, do: torch.Tensor, cfg: SageConfig, return_intermediat
     ds = p * (dp - delta.unsqueeze(-1))
     if cfg.quant == "token":
         do_hat, s_do = quantize_row_blocks_e4m3(do_c, bq, cfg.quantize)
-        y = ds * saved.s_q.unsqueeze(-1) if dp_given else token_y(p, do_c, delta, saved)
+        y = ds * saved.s_q.unsqueeze(-1) if dp_given else token_y(p, do_c, delta, saved, s_do)
         dv, dq, dk, p_seen, ds_seen = _token_products(p, ds, y, do_hat, s_do, saved, cfg, sm_scale)
     else:
         do_hat, s_do = quantize_row_blocks(do_c, bq, cfg.quantize)
@@ -241,17 +241,20 @@ def token_x_partials(ds, saved: Saved, keys: int, cfg: SageConfig, sm_scale: flo
     return partials, ds_seen
 
 
-def token_y(p, do_c, delta, saved: Saved):
+def token_y(p, do_c, delta, saved: Saved, s_do):
     """The token contract's Y = dS s_Q (dK's operand before its quantisation, per q row's scale s_Q) as its
-    kernels form it: P (dP_s - delta s_Q) with dP_s = (dO s_Q) V^T, dO s_Q rounded to the inputs' dtype (the
-    backward's preprocess writes it; the dK/dV kernels' dP^T product takes it in dO's place, so that they read no
-    s_Q per column). In exact arithmetic dS s_Q; the rounding of dO s_Q moves dK's error by ~1% at sigma 1 in bf16
-    (tools.quant_study, docs/kernel-notes.md)."""
+    kernels form it: P (dP_s - delta s_Q c) / c with dP_s = (dO s_Q c) V^T, dO s_Q c rounded to the inputs' dtype
+    (the backward's preprocess writes it; the dK/dV kernels' dP^T product takes it in dO's place, so that they read
+    no s_Q per column) and c the q block's power of two from s_do, dO^'s scale per block (quant.dos_power: it keeps
+    dO s_Q c in fp16's normal range; the kernels hold c Y and take c back in dK's scale). In exact arithmetic dS
+    s_Q; the rounding of dO s_Q c moves dK's error by ~1% at sigma 1 in bf16 (tools.quant_study,
+    docs/kernel-notes.md); in bf16 c changes no bit."""
     ct = compute_dtype(saved.v.dtype)
     s_q = saved.s_q.unsqueeze(-1)   # per q row
-    do_s = (do_c * s_q).to(saved.v.dtype).to(ct)
+    c = dos_power(s_do)[0].to(ct).repeat_interleave(s_q.shape[-2] // s_do.shape[-1], dim=-1).unsqueeze(-1)
+    do_s = ((do_c * s_q) * c).to(saved.v.dtype).to(ct)
     dp_s = do_s @ saved.v.to(ct).transpose(-1, -2)
-    return p * (dp_s - delta.unsqueeze(-1) * s_q)
+    return p * (dp_s - (delta.unsqueeze(-1) * s_q) * c) / c
 
 
 def _token_products(p, ds, y, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):

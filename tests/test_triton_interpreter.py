@@ -155,7 +155,7 @@ def _k_order_case() -> dict:
     """The transposed INT8 copies (quantiser: Q^T, K^T, V^T; backward preprocess: dO^T) hold the
     row copy's values with the sequence in k order (the kernels' B operands)."""
     import torch
-    from sagebwd.quant import quantize_row_blocks_e4m3
+    from sagebwd.quant import dos_power, quantize_row_blocks_e4m3
     from sagebwd.triton import quantize as kq
     from sagebwd.triton._common import from_k_order, k_order_index
 
@@ -172,12 +172,13 @@ def _k_order_case() -> dict:
     delta_sq, lse2_p, do_s = token.delta_sq, token.lse2_p, token.do_s
     no_delta_sq, no_lse2_p, no_do_s = block.delta_sq, block.lse2_p, block.do_s
     do_e4m3, do_e4m3_scale = quantize_row_blocks_e4m3(do.float(), 128)
+    c = dos_power(do_scale_t)[0].repeat_interleave(128, dim=-1)   # the q block's power of two, per row
     return {"name": "k_order",
             "delta_sq": no_delta_sq is None and bool(torch.equal(delta_t, delta))
-            and bool(torch.equal(delta_sq, delta * s_q)),
+            and bool(torch.equal(delta_sq, (delta * s_q) * c)) and not bool(torch.equal(c, torch.ones_like(c))),
             "lse2_p": no_lse2_p is None and bool(torch.equal(lse2_p, lse2_t - 8.0)),
             "do_s": no_do_s is None and do_s.dtype == do.dtype
-            and bool(torch.equal(do_s, (do.float() * s_q.unsqueeze(-1)).to(do.dtype))),
+            and bool(torch.equal(do_s, ((do.float() * s_q.unsqueeze(-1)) * c.unsqueeze(-1)).to(do.dtype))),
             "do_e4m3": do_cols_t.dtype == torch.float8_e4m3fn
             and bool(torch.equal(from_k_order(do_cols_t.float()), do_e4m3.transpose(-1, -2)))
             and bool(torch.equal(do_scale_t, do_e4m3_scale)),
@@ -468,8 +469,9 @@ def test_transposed_copies_are_in_k_order(results):
 
 
 def test_token_preprocess_writes_delta_times_q_scale(results):
-    """The token contract's delta s_Q (the Gluon dK/dV's column constant) is the fp32 product the dK/dV
-    kernels computed themselves, bit for bit; the block contract gets none and the same delta."""
+    """The token contract's delta s_Q c (the Gluon dK/dV's column constant; c the q block's power of two,
+    quant.dos_power, here not 1) is the fp32 product the dK/dV kernels computed themselves, bit for bit; the block
+    contract gets none and the same delta."""
     assert results["k_order"]["delta_sq"]
 
 
@@ -480,7 +482,7 @@ def test_token_preprocess_writes_lse_minus_log2_256(results):
 
 
 def test_token_preprocess_writes_do_times_q_scale(results):
-    """The token dK/dV's dP^T product takes dO s_Q (in dO's dtype) in dO's place, so that Y^T = P^T (dP^T s_Q -
+    """The token dK/dV's dP^T product takes dO s_Q c (in dO's dtype) in dO's place, so that Y^T = P^T (dP^T s_Q -
     delta s_Q) reads no s_Q per column: the preprocess writes it, rounded as backward() would compute it."""
     assert results["k_order"]["do_s"]
 

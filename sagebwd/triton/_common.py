@@ -90,6 +90,13 @@ def mul_rn(a, b):
 
 
 @triton.jit
+def dos_power(s_do):
+    """sagebwd.quant.dos_power from s_do's bits: (c, 1 / c), powers of two."""
+    e = (s_do.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    return ((251 - e) << 23).to(tl.float32, bitcast=True), ((e + 3) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def round_to_int8(x):
     """int8 round(x) (ties to even) of fp32 x with |x| <= 127.
 

@@ -40,10 +40,11 @@ import triton
 import triton.language as tl
 
 from ..quant import P_E4M3_LOG2   # a host number here (the kernels' constexprs come from _common)
+from ..quant import dos_power as host_dos_power   # the kernels' is _common.dos_power
 from ..validate import key_tile
 from . import registry
-from ._common import (DS_SPAN, LOG2E, P_E4M3_SCALE, empty_in_layout_of, int_to_float, interpreting, program_tile,
-                      round_scaled_to_int8, saturated_ds_to_int8, tile_scales, to_e4m3, to_k_order)
+from ._common import (DS_SPAN, LOG2E, P_E4M3_SCALE, dos_power, empty_in_layout_of, int_to_float, interpreting,
+                      program_tile, round_scaled_to_int8, saturated_ds_to_int8, tile_scales, to_e4m3, to_k_order)
 from .forward import smooth_q_bias
 from .launch import Tuning, arch_for, launch, launch_settings, overrides
 from .schedule import heads_per_section, tile_grid
@@ -218,7 +219,9 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
     for start_i in range(lo, hi, STEP):
         i = start_i // Q_BLOCK            # the q quantisation block
         if TOKEN:
-            dv_scale = tl.load(SDO_bh + i) * (1.0 / P_E4M3_SCALE)   # exact: a power of two
+            s_do = tl.load(SDO_bh + i)
+            dv_scale = s_do * (1.0 / P_E4M3_SCALE)   # exact: a power of two
+            _, dos_inv = dos_power(s_do)   # DO_bh and DELTA_bh carry the q block's c: Y^T comes out c times
             qk_scale = (k_scale * qk_const)[:, None]
         else:
             q_scale = tl.load(SQ_bh + i)
@@ -277,10 +280,10 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                 dp_t = _dot16(v, tl.trans(do), DOT_F32)
                 delta = tl.load(DELTA_bh + offs_m)[None, :]
                 if TOKEN:   # Y^T = dS^T s_Q, one scale per row: Q^'s scale runs along this product's sum
-                    y_t = p_t * (dp_t - delta)   # dS^T s_Q = P^T (dP^T s_Q - delta s_Q)
+                    y_t = p_t * (dp_t - delta)   # c dS^T s_Q = P^T (dP^T s_Q c - delta s_Q c)
                     y_scale, y_inv = tile_scales(tl.max(tl.abs(y_t), axis=1), False)
                     ds8_t = to_k_order(round_scaled_to_int8(y_t, y_inv[:, None]))
-                    dk_scale = y_scale[:, None]
+                    dk_scale = (y_scale * dos_inv)[:, None]   # exact: 1 / c is a power of two
                 else:
                     ds8_t = to_k_order(saturated_ds_to_int8(p_t, dp_t, delta * ds_kq, ds_kq))
                 if CHAIN:
@@ -294,7 +297,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                         dk_b += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
                 if SMOOTH_Q:   # the bias branch: colsum(dS_i)^T mu_i, from the unquantised dS (TOKEN: Y^T / s_Q)
                     if TOKEN:
-                        ds_colsum = tl.sum(y_t / q_scale, axis=1)[:, None]
+                        ds_colsum = (tl.sum(y_t / q_scale, axis=1) * dos_inv)[:, None]
                     else:
                         ds_colsum = tl.sum(p_t * (dp_t - delta), axis=1)[:, None]
                     dk_a += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + offs_h)[None, :]
@@ -554,12 +557,14 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delt
     # Zeros: causal dK/dV slices may touch tiles wholly above the diagonal, which the dQ kernel
     # skips; zero scales make them contribute 0. The "token" contract has none (a placeholder).
     token = quant == "token"
+    if token and (delta_sq is None or do_s is None):   # backward_preprocess's: times its block's c (dos_power)
+        c = host_dos_power(s_do)[0].repeat_interleave(block_q, dim=-1)
     if token and delta_sq is None:
-        delta_sq = delta * s_q
+        delta_sq = (delta * s_q) * c
     if token and lse2_p is None:
         lse2_p = lse2 - P_E4M3_LOG2
-    if token and do_s is None:   # backward_preprocess's rounding: the product in fp32, then dO's dtype
-        do_s = (do.float() * s_q.unsqueeze(-1)).to(do.dtype)
+    if token and do_s is None:   # backward_preprocess's rounding: the products in fp32, then dO's dtype
+        do_s = ((do.float() * s_q.unsqueeze(-1)) * c.unsqueeze(-1)).to(do.dtype)
     tile_scales = None if one_kernel else s_q if token else torch.zeros(
         b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32)
     call = BackwardCall(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, tile_scales, causal,

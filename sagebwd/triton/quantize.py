@@ -20,8 +20,8 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from ._common import (E4M3_MAX, INTERPRETING, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, interpreting, mul_rn,
-                      quantize_tile, quantize_token_rows, round_to_int8, to_16bit, to_e4m3, to_k_order)
+from ._common import (E4M3_MAX, INTERPRETING, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, dos_power, interpreting,
+                      mul_rn, quantize_tile, quantize_token_rows, round_to_int8, to_16bit, to_e4m3, to_k_order)
 from ..validate import key_tile
 from .launch import Tuning, launch, launch_settings
 
@@ -238,7 +238,8 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, D
     instructions per score element of its loop); LSE2 - log2(256) (LSE2_P), which the token dK/dV
     reads instead of LSE2: its exp2 then yields 256 P, dV's e4m3 operand, with no multiply; and dO s_Q in dO's
     dtype (DO_S, strides stride_s*), the token dK/dV's dP^T operand in dO's place: its product is then dP^T s_Q,
-    and Y^T = P^T (dP^T s_Q - delta s_Q) reads no s_Q per column."""
+    and Y^T = P^T (dP^T s_Q - delta s_Q) reads no s_Q per column. Both times c, the block's power of two from
+    s_dO (sagebwd.quant.dos_power): Y^T comes out c times too, with the same integers, and dK's scale takes 1 / c."""
     blk = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -254,16 +255,19 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, D
     lse2 = tl.load(LSE + bh * N + offs_n) * LOG2E
     tl.store(LSE2 + bh * N + offs_n, lse2)
     if TOKEN:
-        sq = tl.load(SQ + bh * N + offs_n)
-        tl.store(DELTA_SQ + bh * N + offs_n, delta * sq)
-        tl.store(DO_S + b * stride_sb + h * stride_sh + offs_n[:, None] * stride_sn + offs_d[None, :] * stride_sd,
-                 to_16bit(do * sq[:, None], DO_S.dtype.element_ty))
-        tl.store(LSE2_P + bh * N + offs_n, lse2 - P_E4M3_LOG2)
         # FP8 e4m3 for dV = P^T dO: scale amax / 448 (sagebwd.quant.quantize_row_blocks_e4m3)
         amax = tl.max(tl.max(tl.abs(do), axis=1), axis=0)
         scale = tl.math.div_rn(amax, E4M3_MAX)
         inv = tl.where(amax >= MIN_AMAX, tl.math.div_rn(E4M3_MAX, tl.maximum(amax, MIN_AMAX)), 0.0)
         do8 = to_e4m3(tl.minimum(tl.maximum(mul_rn(do, inv), -E4M3_MAX), E4M3_MAX))
+        # dO s_Q and delta s_Q times the block's power of two (sagebwd.quant.dos_power), which keeps dO s_Q in
+        # fp16's normal range; the dK/dV kernels take it back in dK's scale
+        c, _ = dos_power(scale)
+        sq = tl.load(SQ + bh * N + offs_n)
+        tl.store(DELTA_SQ + bh * N + offs_n, (delta * sq) * c)
+        tl.store(DO_S + b * stride_sb + h * stride_sh + offs_n[:, None] * stride_sn + offs_d[None, :] * stride_sd,
+                 to_16bit((do * sq[:, None]) * c, DO_S.dtype.element_ty))
+        tl.store(LSE2_P + bh * N + offs_n, lse2 - P_E4M3_LOG2)
     else:
         do8, scale = quantize_tile(do)
     tl.store(DO_SCALE + bh * (N // BLOCK) + blk, scale)
@@ -499,9 +503,9 @@ class Preprocessed(NamedTuple):
     lse2: torch.Tensor                 # LSE * log2(e), (B,H,N) fp32
     do8t: torch.Tensor                 # dO^ (B,H,D,N) in k order: INT8 (block), FP8 e4m3 (token)
     s_do: torch.Tensor                 # dO^'s scales, (B,H,N/block_q) fp32
-    delta_sq: torch.Tensor | None      # token: delta s_Q, (B,H,N) fp32
+    delta_sq: torch.Tensor | None      # token: delta s_Q c (quant.dos_power's c of the row's q block), (B,H,N) fp32
     lse2_p: torch.Tensor | None        # token: LSE * log2(e) - log2(256), (B,H,N) fp32
-    do_s: torch.Tensor | None          # token: dO s_Q in dO's dtype, (B,H,N,D)
+    do_s: torch.Tensor | None          # token: dO s_Q c in dO's dtype, (B,H,N,D)
 
 
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,

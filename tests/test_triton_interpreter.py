@@ -58,6 +58,8 @@ CASES = [
     # forward's running reference by more than its lazy-rescaling threshold (d=128, token: 2^8) and
     # the rescale runs after the first tile too
     ("fp16-causal-d128-growing-token", "float16", 256, 128, 128, 64, True, False, False, "token"),
+    # "-smallgrad": dO ~ 1e-5 (fp16 training without loss scaling): dO s_Q alone would underflow fp16
+    ("fp16-causal-smallgrad-token", "float16", 256, 64, 128, 64, True, False, False, "token"),
 ]
 # Relative L2, kernel vs simulation (same dtype). The interpreter rounds fp32 -> bf16 less
 # carefully than the GPU does, so bf16 gets a looser bound here (the GPU check uses 5e-3).
@@ -87,6 +89,8 @@ def _run_case(name, dtype_name, n, d, block_q, block_kv, causal, smooth_q, strid
     else:
         q, k, v = [torch.randn(b, h, n, d, generator=gen).to(dtype).requires_grad_() for _ in range(3)]
     do = torch.randn(b, h, n, d, generator=gen).to(dtype)
+    if "-smallgrad" in name:
+        do = (do.float() * 1e-5).to(dtype)
     if "-growing" in name:
         k = (k.detach() * (1 + torch.arange(n) / 4).to(dtype)[:, None]).requires_grad_()
 
@@ -485,6 +489,14 @@ def test_token_preprocess_writes_do_times_q_scale(results):
     """The token dK/dV's dP^T product takes dO s_Q c (in dO's dtype) in dO's place, so that Y^T = P^T (dP^T s_Q -
     delta s_Q) reads no s_Q per column: the preprocess writes it, rounded as backward() would compute it."""
     assert results["k_order"]["do_s"]
+
+
+def test_token_kernels_keep_dk_accuracy_in_fp16_with_small_gradients(results):
+    """dO ~ 1e-5 in fp16: the preprocess scales dO s_Q and delta s_Q by the q block's power of two
+    (quant.dos_power) and the dK/dV kernel takes it back, so dK stays as near FPA as with dO ~ 1 (~0.02; 0.1
+    without the scaling) and the kernels stay with the simulation."""
+    r = results["fp16-causal-smallgrad-token"]["dk"]
+    assert r["sim_vs_fpa"] < 0.035 and r["vs_sim"] < FRACTION_OF_INT8_ERROR * r["sim_vs_fpa"], r
 
 
 def test_token_backward_computes_its_operands_when_not_given(results):

@@ -45,13 +45,17 @@ def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):
     return q, scale
 
 
-def dos_power(s_do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def dos_power(s_do: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(c, 1 / c) per q block: the power of two by which the token contract scales dO s_Q and delta s_Q before dO s_Q
-    is rounded to dO's dtype. s_do is dO^'s e4m3 scale of the block (amax / 448); with E the biased exponent of s_do
-    in fp32, c = 2^(124 - E), so the block's largest |dO| c lies in [56, 112): dO s_Q c stays in fp16's normal range
-    for any s_Q an fp16 Q can have (at most 65504 / 127), where dO s_Q itself underflows once |dO| s_Q < 2^-14.
-    Exact in every dtype (a power of two), so in bf16 it changes no bit of Y's integers or of dK. Both come from
-    s_do's bits, as the kernels take them (_common.dos_power, dkdv_hopper's), so that no tensor carries c."""
+    is rounded to dO's dtype. In fp16, with E the biased exponent of s_do (dO^'s e4m3 scale of the block, amax /
+    448) in fp32, c = 2^(124 - E), so the block's largest |dO| c lies in [56, 112): dO s_Q c stays in fp16's normal
+    range for any s_Q an fp16 Q can have (at most 65504 / 127), where dO s_Q itself underflows once |dO| s_Q <
+    2^-14. In any other dtype c = 1: bf16 has fp32's exponent range (and a power of two would change no bit of Y's
+    integers or of dK there), so its kernels keep their instructions. c comes from s_do's bits, as the kernels
+    take it (_common.dos_power, dkdv_hopper._dos_inv), so that no tensor carries it."""
+    if dtype != torch.float16:
+        one = torch.ones_like(s_do, dtype=torch.float32)
+        return one, one
     e = (s_do.float().contiguous().view(torch.int32) >> 23) & 0xFF
     c = ((251 - e) << 23).view(torch.float32)
     c_inv = ((e + 3) << 23).view(torch.float32)

@@ -47,12 +47,13 @@ def poison_allocator(mib: int) -> None:
 
 
 def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv=64, reruns=50,
-               quant="block", kernels="default") -> dict:
-    """The kernels `kernels` (sagebwd.triton.registry) against the simulation at one shape."""
+               quant="block", kernels="default", do_scale=1.0) -> dict:
+    """The kernels `kernels` (sagebwd.triton.registry) against the simulation at one shape; dO ~ do_scale."""
     from sagebwd import simulate
     from sagebwd.triton import attention, registry
     gen = torch.Generator(device="cuda").manual_seed(1234)
-    q, k, v, do = [torch.randn(*shape, device="cuda", generator=gen).to(dtype) for _ in range(4)]
+    q, k, v, do = [torch.randn(*shape, device="cuda", generator=gen) for _ in range(4)]
+    q, k, v, do = q.to(dtype), k.to(dtype), v.to(dtype), (do * do_scale).to(dtype)
     q, k, v = [t.requires_grad_() for t in (q, k, v)]
 
     def run():

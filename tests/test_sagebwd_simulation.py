@@ -299,19 +299,20 @@ def test_token_dk_keeps_its_accuracy_in_fp16_with_small_gradients():
 
 
 def test_dos_power_is_an_exact_power_of_two_that_brings_the_block_near_2_to_the_6():
-    """quant.dos_power: c and 1 / c are powers of two whose product is 1, from s_dO's exponent only, and they take
-    the block's largest |dO| (448 s_dO) into [56, 112) (below fp16's largest finite value over any fp16 s_Q);
-    an all-zero block (s_dO 0) gets finite ones."""
+    """quant.dos_power in fp16: c and 1 / c are powers of two whose product is 1, from s_dO's exponent only, and they
+    take the block's largest |dO| (448 s_dO) into [56, 112) (below fp16's largest finite value over any fp16 s_Q);
+    an all-zero block (s_dO 0) gets finite ones. In bf16 (fp32's exponent range) c is 1."""
     from sagebwd.quant import dos_power
     amax = torch.tensor([1e-7, 3e-5, 0.7, 1.0, 3.9, 1e4, 6e4])
     s_do = amax / 448.0
-    c, c_inv = dos_power(s_do)
+    assert all(torch.equal(x, torch.ones_like(s_do)) for x in dos_power(s_do, torch.bfloat16))
+    c, c_inv = dos_power(s_do, torch.float16)
     assert torch.equal(c * c_inv, torch.ones_like(c))
     assert torch.equal(torch.frexp(c).mantissa, torch.full_like(c, 0.5))   # powers of two
     scaled = 448.0 * s_do * c
     assert bool(((scaled >= 56) & (scaled < 112)).all()), scaled
     assert bool((scaled * (65504 / 127) < 65504).all())   # |dO s_Q c| for the largest fp16 s_Q
-    zero_c, zero_inv = dos_power(torch.zeros(1))
+    zero_c, zero_inv = dos_power(torch.zeros(1), torch.float16)
     assert torch.isfinite(zero_c).all() and torch.isfinite(zero_inv).all() and float(zero_c * zero_inv) == 1.0
 
 

@@ -176,7 +176,7 @@ def _k_order_case() -> dict:
     delta_sq, lse2_p, do_s = token.delta_sq, token.lse2_p, token.do_s
     no_delta_sq, no_lse2_p, no_do_s = block.delta_sq, block.lse2_p, block.do_s
     do_e4m3, do_e4m3_scale = quantize_row_blocks_e4m3(do.float(), 128)
-    c = dos_power(do_scale_t)[0].repeat_interleave(128, dim=-1)   # the q block's power of two, per row
+    c = dos_power(do_scale_t, do.dtype)[0].repeat_interleave(128, dim=-1)   # the q block's power of two, per row
     return {"name": "k_order",
             "delta_sq": no_delta_sq is None and bool(torch.equal(delta_t, delta))
             and bool(torch.equal(delta_sq, (delta * s_q) * c)) and not bool(torch.equal(c, torch.ones_like(c))),

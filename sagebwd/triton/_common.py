@@ -90,10 +90,13 @@ def mul_rn(a, b):
 
 
 @triton.jit
-def dos_power(s_do):
-    """sagebwd.quant.dos_power from s_do's bits: (c, 1 / c), powers of two."""
-    e = (s_do.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    return ((251 - e) << 23).to(tl.float32, bitcast=True), ((e + 3) << 23).to(tl.float32, bitcast=True)
+def dos_power(s_do, FP16: tl.constexpr):
+    """sagebwd.quant.dos_power from s_do's bits: (c, 1 / c), powers of two; (1, 1) unless FP16 (dO's dtype)."""
+    if FP16:
+        e = (s_do.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        return ((251 - e) << 23).to(tl.float32, bitcast=True), ((e + 3) << 23).to(tl.float32, bitcast=True)
+    else:
+        return 1.0, 1.0
 
 
 @triton.jit

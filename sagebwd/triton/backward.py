@@ -221,7 +221,8 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
         if TOKEN:
             s_do = tl.load(SDO_bh + i)
             dv_scale = s_do * (1.0 / P_E4M3_SCALE)   # exact: a power of two
-            _, dos_inv = dos_power(s_do)   # DO_bh and DELTA_bh carry the q block's c: Y^T comes out c times
+            # DO_bh and DELTA_bh carry the q block's c: Y^T comes out c times (c = 1 unless fp16)
+            _, dos_inv = dos_power(s_do, DO_bh.dtype.element_ty == tl.float16)
             qk_scale = (k_scale * qk_const)[:, None]
         else:
             q_scale = tl.load(SQ_bh + i)
@@ -558,7 +559,7 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delt
     # skips; zero scales make them contribute 0. The "token" contract has none (a placeholder).
     token = quant == "token"
     if token and (delta_sq is None or do_s is None):   # backward_preprocess's: times its block's c (dos_power)
-        c = host_dos_power(s_do)[0].repeat_interleave(block_q, dim=-1)
+        c = host_dos_power(s_do, do.dtype)[0].repeat_interleave(block_q, dim=-1)
     if token and delta_sq is None:
         delta_sq = (delta * s_q) * c
     if token and lse2_p is None:

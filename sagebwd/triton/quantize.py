@@ -225,6 +225,13 @@ def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS,
 
 
 @triton.jit
+def _store_scaled_do(delta_sq_ptrs, do_s_ptrs, delta, do, sq, c):
+    """The token contract's delta s_Q c and dO s_Q c (in dO's dtype) of one q block, c its power of two."""
+    tl.store(delta_sq_ptrs, (delta * sq) * c)
+    tl.store(do_s_ptrs, to_16bit((do * sq[:, None]) * c, do_s_ptrs.dtype.element_ty))
+
+
+@triton.jit
 def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, DO_COLS, DO_SCALE, DO_S,
                                 stride_dob, stride_doh, stride_don, stride_dod,
                                 stride_ob, stride_oh, stride_on, stride_od,
@@ -255,19 +262,23 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, D
     lse2 = tl.load(LSE + bh * N + offs_n) * LOG2E
     tl.store(LSE2 + bh * N + offs_n, lse2)
     if TOKEN:
+        sq = tl.load(SQ + bh * N + offs_n)
+        delta_sq_ptrs = DELTA_SQ + bh * N + offs_n
+        do_s_ptrs = DO_S + b * stride_sb + h * stride_sh + offs_n[:, None] * stride_sn + offs_d[None, :] * stride_sd
+        # dO s_Q and delta s_Q times the block's power of two c (sagebwd.quant.dos_power), which keeps dO s_Q in
+        # fp16's normal range; the dK/dV kernels take it back in dK's scale. In bf16 c = 1: stored at once, as they
+        # need no maximum (taking c there cost the d=128 preprocess a third of its time on an H200).
+        FP16 = DO_S.dtype.element_ty == tl.float16
+        if not FP16:
+            _store_scaled_do(delta_sq_ptrs, do_s_ptrs, delta, do, sq, 1.0)
+        tl.store(LSE2_P + bh * N + offs_n, lse2 - P_E4M3_LOG2)
         # FP8 e4m3 for dV = P^T dO: scale amax / 448 (sagebwd.quant.quantize_row_blocks_e4m3)
         amax = tl.max(tl.max(tl.abs(do), axis=1), axis=0)
         scale = tl.math.div_rn(amax, E4M3_MAX)
         inv = tl.where(amax >= MIN_AMAX, tl.math.div_rn(E4M3_MAX, tl.maximum(amax, MIN_AMAX)), 0.0)
         do8 = to_e4m3(tl.minimum(tl.maximum(mul_rn(do, inv), -E4M3_MAX), E4M3_MAX))
-        # dO s_Q and delta s_Q times the block's power of two (sagebwd.quant.dos_power), which keeps dO s_Q in
-        # fp16's normal range; the dK/dV kernels take it back in dK's scale
-        c, _ = dos_power(scale)
-        sq = tl.load(SQ + bh * N + offs_n)
-        tl.store(DELTA_SQ + bh * N + offs_n, (delta * sq) * c)
-        tl.store(DO_S + b * stride_sb + h * stride_sh + offs_n[:, None] * stride_sn + offs_d[None, :] * stride_sd,
-                 to_16bit((do * sq[:, None]) * c, DO_S.dtype.element_ty))
-        tl.store(LSE2_P + bh * N + offs_n, lse2 - P_E4M3_LOG2)
+        if FP16:
+            _store_scaled_do(delta_sq_ptrs, do_s_ptrs, delta, do, sq, dos_power(scale, True)[0])
     else:
         do8, scale = quantize_tile(do)
     tl.store(DO_SCALE + bh * (N // BLOCK) + blk, scale)

@@ -123,7 +123,8 @@ def _y_role(v_tile, do_smem, qt_smem, delta_smem, sq_smem, p_smem, kv_bar, full,
         y_scale, y_inv = _row_scales(gl.maximum(gl.max(gl.abs(y_a), axis=1), gl.max(gl.abs(y_b), axis=1)))
         dk_int = _rows_dot(y_a, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, True, SLICE, True, False)
         dk_int = warpgroup_mma_wait(0, deps=[dk_int])
-        y_scale = y_scale * _dos_inv(gl.load(SDO_bh + first + r))
+        if do_smem.dtype == gl.float16:   # dO s_Q and delta s_Q carry c (dkdv_hopper._dos_inv)
+            y_scale = y_scale * _dos_inv(gl.load(SDO_bh + first + r), True)
         dk += dk_int.to(gl.float32) * gl.convert_layout(y_scale, gl.SliceLayout(1, acc_layout))[:, None]
         _release(empty, 2 * slot)
     offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))

@@ -271,14 +271,16 @@ def test_token_gluon_dkdv_matches_simulation(causal, head_dim):
 def test_token_kernels_keep_dk_in_fp16_with_small_gradients(kernels, head_dim):
     """fp16, dO ~ 1e-5: every token dK/dV kernel takes back the power of two the preprocess put on dO s_Q and
     delta s_Q (quant.dos_power; the simulation's dK there is as accurate as bf16's, test_sagebwd_simulation), so
-    dK stays with the simulation; without it dK would be off by that power of two."""
+    dK stays with the simulation; without it dK would be off by that power of two. The gradients are ~1e-5 here,
+    fp16 subnormals (spacing 6e-8), so the bound is bf16's, not fp16's; O does not see dO."""
     if kernels != TRITON and not _hopper():
         pytest.skip("the Gluon kernels are built for Hopper (sm_90)")
     r = check_case((1, 4, 2048, head_dim), torch.float16, True, False, reruns=1, quant="token", kernels=kernels,
                    do_scale=1e-5)
+    print(kernels, head_dim, r["rel_l2_vs_sim"])
     assert r["all_written"], r
     for name, err in r["rel_l2_vs_sim"].items():
-        assert err <= TOLERANCE[torch.float16], f"{name}: kernel vs simulation {err:.2e}"
+        assert err <= TOLERANCE[torch.bfloat16], f"{name}: kernel vs simulation {err:.2e}"
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels are built for Hopper (sm_90)")

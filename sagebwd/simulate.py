@@ -22,10 +22,9 @@ block_kv = Bkv rows of K/V; docs/sagebwd.md has the table):
            max(Bkv, 128) keys (validate.key_tile): one INT8 product P^ V^ spans 128 keys.
   backward dV = P^T dO in FP8 e4m3: P with the static scale 1/256 (no maximum: P <= 1), dO per
            (Bq x D) block (amax / 448); the product summed in fp32 per q block (sagebwd.quant);
-           dS for dQ = dS K: X = dS * s_K (K's token scale moved into dS, since it runs along
-           the sum) per (q token, key tile of max(Bkv, 128) keys, as the forward's); dS for
-           dK = dS^T Q: Y = dS * s_Q per (kv token, q block). dS is thus quantised twice, once
-           for each product.
+           dS for dK = dS^T Q: Y = dS * s_Q per (kv token, q block); dQ = dS K as a 16-bit product:
+           Y rounded to bf16 times K in bf16, divided by s_Q per row (token_dq: no scale to find, so
+           a fused backward can make it from the Y it holds for dK).
 
 With Q-smoothing the bias sm_scale * mu_i K_sm^T is added to S in full
 precision, and dK gains the bias branch sm_scale * colsum(dS_i)^T mu_i computed
@@ -72,6 +71,7 @@ class Saved(NamedTuple):
     v: torch.Tensor       # (B, H, N, D) input dtype: dP = dO V^T stays 16-bit
     o: torch.Tensor       # (B, H, N, D) input dtype
     lse: torch.Tensor     # (B, H, N) natural-log log-sum-exp
+    dq_k: torch.Tensor | None = None   # "token": K as dQ's 16-bit product takes it, in bf16 (token_dq)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -124,7 +124,16 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: SageConfig):
     """Algorithm 1. Returns (o in the input dtype, Saved)."""
     ct = compute_dtype(q.dtype)
     q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)
-    return forward_quantized(*quantize_qk(q_sm, k_sm, cfg), mu_q, k_sm, v, cfg, q.dtype)
+    o, saved = forward_quantized(*quantize_qk(q_sm, k_sm, cfg), mu_q, k_sm, v, cfg, q.dtype)
+    return o, with_dq_k(saved, k, cfg)
+
+
+def with_dq_k(saved: Saved, k: torch.Tensor, cfg: SageConfig) -> Saved:
+    """saved with the token contract's dQ operand, K rounded to bf16 (token_dq; K as given in the compute dtype
+    when cfg.quantize is off); the block contract keeps none."""
+    if cfg.quant != "token":
+        return saved
+    return saved._replace(dq_k=k.detach().to(torch.bfloat16 if cfg.quantize else compute_dtype(k.dtype)))
 
 
 def forward_quantized(q_hat, s_q, k_hat, s_k, mu_q, k_sm, v: torch.Tensor, cfg: SageConfig, out_dtype: torch.dtype):
@@ -218,6 +227,22 @@ def _block_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
     return dv, dq, dk, lambda: dequantize_tiles(p_hat, s_p), lambda: dequantize_tiles(ds_hat, s_ds)
 
 
+def token_dq(y, saved: Saved, sm_scale: float, quantize: bool = True):
+    """The token contract's dQ = (sm_scale / s_Q) bf16(Y) K16 with Y = dS s_Q (token_y's, dK's operand before its
+    quantisation) and K16 K rounded to bf16 (saved.dq_k): a 16-bit product, so no scale or maximum (a fused backward
+    makes its operand from the Y it holds for dK; tools.quant_study variant y16: dQ's error at sigma 1 -44%
+    against an INT8 X per 128-key tile). Summed in the compute dtype (the kernels: fp32). Returns dQ and, as a
+    callable, dS as dQ sees it (bf16(Y) / s_Q). quantize False: Y unrounded (the formulas alone)."""
+    if saved.dq_k is None:
+        raise ValueError("the token contract's dQ needs K in bf16: Saved.dq_k (simulate.with_dq_k) is None")
+    ct = y.dtype
+    s_q = saved.s_q.unsqueeze(-1)
+    y16 = y.to(torch.bfloat16).to(ct) if quantize else y
+    dq = (y16 @ saved.dq_k.to(ct)) * (sm_scale / s_q)
+    return dq, lambda: torch.where(s_q > 0, y16 / torch.where(s_q > 0, s_q, torch.ones_like(s_q)),
+                                   torch.zeros_like(y16))
+
+
 def token_x_dq(ds, saved: Saved, keys: int, cfg: SageConfig, sm_scale: float):
     """The token contract's dQ = dS K: X = dS s_K (K's token scale moved into dS, since it runs along the sum)
     quantised per (q token, tile of `keys` keys), times K^. Returns dQ and, as a callable, dS as dQ sees it.
@@ -259,9 +284,9 @@ def token_y(p, do_c, delta, saved: Saved, s_do):
 
 def _token_products(p, ds, y, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
     """dV, dQ, dK with every scale along the free axis of its product:
-    dV in FP8 (P e4m3 with the static scale 1/256, dO^ e4m3 per block); X = dS s_K per (q token,
-    key tile: validate.key_tile) for dQ; Y = dS s_Q (y, token_y's) per (kv token, q block) for dK. Returns the
-    dequantised P and dS (dS as dQ sees it) as callables."""
+    dV in FP8 (P e4m3 with the static scale 1/256, dO^ e4m3 per block); dQ from Y (y, token_y's) in bf16 with K in
+    bf16 (token_dq); Y = dS s_Q per (kv token, q block) for dK. Returns the dequantised P and dS (dS as dQ sees
+    it) as callables."""
     b, h, n, d = saved.v.shape
     tm, bq = n // cfg.block_q, cfg.block_q
 
@@ -271,8 +296,7 @@ def _token_products(p, ds, y, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_sc
     p_hat = round_to_e4m3(p * P_E4M3_SCALE) if cfg.quantize else p * P_E4M3_SCALE   # 256 P, in e4m3
     pt_do = torch.einsum("bhiqn,bhiqd->bhind", by_q_block(p_hat), by_q_block(do_hat))
     dv = (pt_do * (s_do * (1.0 / P_E4M3_SCALE))[:, :, :, None, None]).sum(dim=2)
-    # X's keys per scale: the forward's key tile (128 by default)
-    dq, ds_seen = token_x_dq(ds, saved, key_tile(cfg.quant, cfg.block_kv), cfg, sm_scale)
+    dq, ds_seen = token_dq(y, saved, sm_scale, cfg.quantize)
     dk = token_dk(y, saved, cfg, sm_scale)
     return dv, dq, dk, lambda: p_hat * (1.0 / P_E4M3_SCALE), ds_seen
 
@@ -301,6 +325,8 @@ class SimulatedSageBwd(torch.autograd.Function):
         tensors = list(ctx.saved_tensors)
         if not ctx.has_mu:
             tensors[4] = tensors[5] = None
+        if ctx.cfg.quant != "token":
+            tensors[9] = None   # dq_k
         dq, dk, dv = backward(Saved(*tensors), do.contiguous(), ctx.cfg)
         return dq, dk, dv, None
 

@@ -159,22 +159,27 @@ def test_p128_and_p128vc_match_a_direct_computation():
         assert torch.allclose(out[name]["o"], o, rtol=1e-4, atol=1e-6), name
 
 
-def test_x64_is_the_contract_with_x_per_kv_tile():
-    """x64: dQ's X per backward kv tile (the contract until the ninth session): only dQ and the dS it consumes
-    move; with block_kv = 128 the kv tile is the contract's key tile, so x64 is the contract itself."""
+def test_x64_and_x128_move_only_dq_and_x64_is_x128_per_kv_tile():
+    """x128 (the INT8 X^ of the contract until the sixteenth session) and x64 (X per backward kv tile, until the
+    ninth): only dQ and the dS it consumes move against a; with block_kv = 128 the kv tile is the key tile, so x64
+    is x128 itself."""
     q, k, v, do = gaussian_inputs(3.0, 1, 2, 256, 64, 0)
-    out = run_variants(q, k, v, do, SageConfig(causal=True, block_q=128, block_kv=64, quant="token"), ["a", "x64"])
-    assert all(torch.equal(out["x64"][c], out["a"][c]) for c in ("o", "dk", "dv"))
-    assert not torch.equal(out["x64"]["dq"], out["a"]["dq"]) and not torch.equal(out["x64"]["ds"], out["a"]["ds"])
-    same = run_variants(q, k, v, do, SageConfig(causal=True, block_q=128, block_kv=128, quant="token"), ["a", "x64"])
-    assert all(torch.equal(same["x64"][c], same["a"][c]) for c in ("o", "dq", "dk", "dv", "ds"))
+    out = run_variants(q, k, v, do, SageConfig(causal=True, block_q=128, block_kv=64, quant="token"),
+                       ["a", "x128", "x64"])
+    for name in ("x128", "x64"):
+        assert all(torch.equal(out[name][c], out["a"][c]) for c in ("o", "dk", "dv")), name
+        assert not torch.equal(out[name]["dq"], out["a"]["dq"]) and not torch.equal(out[name]["ds"], out["a"]["ds"])
+    assert not torch.equal(out["x64"]["dq"], out["x128"]["dq"])
+    same = run_variants(q, k, v, do, SageConfig(causal=True, block_q=128, block_kv=128, quant="token"),
+                        ["x128", "x64"])
+    assert all(torch.equal(same["x64"][c], same["x128"][c]) for c in ("o", "dq", "dk", "dv", "ds"))
 
 
 def test_dp_variants_change_only_ds_and_what_it_feeds():
     """dpi8 / dpf8 / dpi8b: dP = dO V^T quantised. The substitution path with the simulation's own dP is variant a
-    bit for bit but for dK (a forms Y = dS s_Q from (dO s_Q) V^T, simulate.token_y; given a dP, Y is dS s_Q: the
-    same up to float rounding); each variant leaves O and dV (which do not see dP) bit-identical and moves dS, dQ
-    and dK."""
+    bit for bit but for dK and dQ (a forms Y = dS s_Q, which both take, from (dO s_Q) V^T, simulate.token_y; given
+    a dP, Y is dS s_Q: the same up to float rounding); each variant leaves O and dV (which do not see dP)
+    bit-identical and moves dS, dQ and dK."""
     from sagebwd.simulate import backward, forward
     from tools.quant_study import DP_VARIANTS, backward_with_dp
     q, k, v, do = gaussian_inputs(3.0, 1, 2, 256, 64, 0)
@@ -183,8 +188,9 @@ def test_dp_variants_change_only_ds_and_what_it_feeds():
         _, saved = forward(q, k, v, cfg)
         (dq, dk, dv), inter = backward(saved, do, cfg, return_intermediates=True)
         same = backward_with_dp(saved, do, inter.dp, cfg)
-        assert all(torch.equal(x, y) for x, y in zip(same, (dq, None, dv, inter.ds)) if y is not None), smooth_q
-        assert ((same[1] - dk).norm() / dk.norm()).item() < 1e-3, smooth_q   # an INT8 rounding flips here and there
+        assert torch.equal(same[2], dv), smooth_q
+        for got, want in ((same[0], dq), (same[1], dk), (same[3], inter.ds)):   # INT8 and bf16 roundings flip
+            assert ((got - want).norm() / want.norm()).item() < 1e-3, smooth_q
     out = run_variants(q, k, v, do, cfg, ["a", *DP_VARIANTS])
     for name in DP_VARIANTS:
         assert all(torch.equal(out[name][c], out["a"][c]) for c in ("o", "dv")), name
@@ -213,27 +219,28 @@ def test_quantized_dp_is_the_scaled_integer_product():
 
 
 def test_dp_int8_costs_less_than_fp8():
-    """Measured (N=256 here; N=1024 in /work/notes/dp-study.md): at sigma 1 INT8 dP adds ~10-15% to a's dQ and dK
-    error, FP8 e4m3 dP ~2.5-3x a's."""
+    """Measured (N=256 here; N=1024 in /work/notes/dp-study.md, with dQ's INT8 X^ of then): at sigma 1 INT8 dP adds
+    ~10-15% to a's dK error and, now that dQ's own product is 16-bit, ~40% to its dQ error; FP8 e4m3 dP
+    ~2.5-3x a's."""
     r = study([1.0], ["a", "dpi8", "dpf8"], seq=256, head_dim=64, causal=True)
     a, i8, f8 = (r[n][1.0] for n in ("a", "dpi8", "dpf8"))
-    for c in ("dq", "dk"):
-        assert a[c] < i8[c] < 1.3 * a[c], c
+    for c, most in (("dq", 1.6), ("dk", 1.3)):
+        assert a[c] < i8[c] < most * a[c], c
         assert i8[c] < 0.5 * f8[c], c
 
 
 def test_dqfix_sums_dq_in_fixed_point_within_its_bound():
-    """dqfix: dQ's tile partials rounded to a per-row power-of-two quantum and summed exactly. Only dQ changes;
-    the sum stays far below int32's range (2^30 quanta for the row's bound) and within fp32-like rounding of the
-    partials' exact sum."""
+    """dqfix: x128's dQ tile partials rounded to a per-row power-of-two quantum and summed exactly. Only dQ changes
+    against x128; the sum stays far below int32's range (2^30 quanta for the row's bound) and within fp32-like
+    rounding of the partials' exact sum."""
     cfg = SageConfig(causal=True, block_q=32, block_kv=16, quant="token")
     q, k, v, do = gaussian_inputs(3.0, 1, 2, 256, 64, 0)
-    out = run_variants(q, k, v, do, cfg, ["a", "dqfix"])
+    out = run_variants(q, k, v, do, cfg, ["x128", "dqfix"])
     for c in ("o", "dk", "dv", "ds"):
-        assert torch.equal(out["dqfix"][c], out["a"][c]), c
+        assert torch.equal(out["dqfix"][c], out["x128"][c]), c
     stats = out["dqfix"]["stats"]
     assert stats["peak"] < 0.5 and stats["rel_l2_vs_exact_sum"] < 1e-5 and stats["bits_median"] > 12, stats
-    rel = (out["dqfix"]["dq"] - out["a"]["dq"]).norm() / out["a"]["dq"].norm()
+    rel = (out["dqfix"]["dq"] - out["x128"]["dq"]).norm() / out["x128"]["dq"].norm()
     assert 0 < rel < 1e-5, rel
 
 
@@ -257,18 +264,20 @@ def test_dos_moves_only_dk_and_by_little():
 
 
 def test_y16_changes_only_dq_and_is_a_bf16_product_of_ds():
-    """y16 / y16s: dQ from bf16(dS) and K in bf16 (a fused backward's 16-bit dQ product): only dQ and the dS it
-    consumes move; dS is the contract's P (dP - delta) rounded to bf16, dQ its product with K over sqrt(d), and at
-    sigma 1 it is nearer FPA than the contract's INT8 X^ (its quantisation, not S's, dominates dQ's error there)."""
+    """y16 / y16s: dQ from bf16(dS) and K in bf16 (the study behind the contract's dQ, which takes Y = dS s_Q from
+    dO s_Q as dK does): only dQ and the dS it consumes move; dS is P (dP - delta) rounded to bf16, dQ its product
+    with K over sqrt(d); at sigma 1 it is nearer FPA than x128's INT8 X^ (X's quantisation, not S's, dominated dQ's
+    error there), and as near as the contract's."""
     from sagebwd.fpa import fpa_attention
     q, k, v, do = gaussian_inputs(1.0, 1, 2, 256, 64, 0)
     cfg = SageConfig(causal=True, block_q=128, block_kv=64, quant="token")
-    out = run_variants(q, k, v, do, cfg, ["a", "y16", "y16s"])
+    out = run_variants(q, k, v, do, cfg, ["a", "x128", "y16", "y16s"])
     for name in ("y16", "y16s"):
         assert all(torch.equal(out[name][c], out["a"][c]) for c in ("o", "dk", "dv"))
         assert torch.equal(out[name]["ds"], out[name]["ds"].bfloat16().to(out[name]["ds"].dtype))
     direct = (out["y16"]["ds"].double() @ k.bfloat16().double()) / 8.0
     assert torch.allclose(out["y16"]["dq"].double(), direct, rtol=1e-6, atol=1e-7)
     ref = fpa_attention(q, k, v, do, causal=True).dq.float()
-    err = {n: ((out[n]["dq"].float() - ref).norm() / ref.norm()).item() for n in ("a", "y16", "y16s")}
-    assert err["y16"] < 0.8 * err["a"] and abs(err["y16s"] - err["y16"]) < 0.1 * err["y16"], err
+    err = {n: ((out[n]["dq"].float() - ref).norm() / ref.norm()).item() for n in ("a", "x128", "y16", "y16s")}
+    assert err["y16"] < 0.8 * err["x128"] and abs(err["y16s"] - err["y16"]) < 0.1 * err["y16"], err
+    assert abs(err["a"] - err["y16"]) < 0.1 * err["y16"], err

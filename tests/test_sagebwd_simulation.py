@@ -252,20 +252,23 @@ def test_token_contract_keeps_rows_independent():
     assert changed["block"] == (True, True)
 
 
-def test_token_contract_quantises_dqs_x_per_128_key_tile():
-    """dQ's X = dS s_K has one scale per (q row, key tile of 128 keys): the forward's key tile
-    (validate.key_tile), two of the backward's 64-key tiles, so the dQ kernel sums one INT8 product over
-    128 keys before it scales it."""
+def test_token_contracts_dq_is_a_bf16_product_of_y_and_k():
+    """dQ = (sm_scale / s_Q) bf16(Y) K16 (simulate.token_dq): dS as dQ sees it is Y rounded to bf16 over s_Q, with
+    Y = dS s_Q the same operand dK quantises; K16 is K rounded to bf16. In fp64 inputs both roundings are visible:
+    dQ is exactly that product, and within the contract's error of FPA's dQ."""
     q, k, v, do = qkvdo(n=256, dtype=torch.float64)
     cfg = SageConfig(quant="token", block_q=128, block_kv=64)
     _, saved = forward(q, k, v, cfg)
-    *_, inter = backward(saved, do, cfg, return_intermediates=True)
-    x = (inter.ds * saved.s_k.unsqueeze(-2)).reshape(2, 2, 256, 2, 128)   # X as dQ's product sees it
-    steps = x / (x.abs().amax(-1, keepdim=True) / 127)   # in units of its tile's scale
-    assert (steps - steps.round()).abs().max() < 1e-6
-    assert ((steps.abs().amax(-1) - 127).abs() < 1e-6).all()
-    halves = steps.abs().reshape(2, 2, 256, 2, 2, 64).amax(-1).amin(-1)   # each tile's smaller 64-key half
-    assert (halves < 126).float().mean() > 0.2, "the two 64-key halves of a tile should share one scale"
+    (dq, _, _), inter = backward(saved, do, cfg, return_intermediates=True)
+    assert saved.dq_k.dtype == torch.bfloat16 and torch.equal(saved.dq_k, k.bfloat16())
+    s_q = saved.s_q.unsqueeze(-1)
+    seen = inter.ds * s_q   # bf16(Y), back from dS as dQ saw it
+    assert torch.allclose(seen, seen.bfloat16().double(), rtol=0, atol=1e-12)
+    want = (seen @ k.bfloat16().double()) / s_q / math.sqrt(64)
+    assert torch.allclose(dq.double(), want, rtol=1e-12, atol=1e-14)
+    ref = fpa_attention(q, k, v, do).dq
+    rel = ((dq - ref).norm() / ref.norm()).item()
+    assert rel < 0.03, rel
 
 
 def test_token_contract_is_more_accurate_than_block():

@@ -349,7 +349,7 @@ def _token_fallback_case() -> dict:
     o, lse, q8, q8t, s_q, k8, k8t, s_k, _, k_mean = ops._forward_impl(q, k, v, True, True, False, 128, 64, True,
                                                                       True, "default", None)
     pre = kq.backward_preprocess(do, o, lse, 128, s_q)
-    common = dict(causal=True, smooth_k=True, k_mean=k_mean, block_q=128, block_kv=64, quant="token")
+    common = dict(causal=True, smooth_k=True, k=k, k_mean=k_mean, block_q=128, block_kv=64, quant="token")
     given = kb.backward(do, pre.delta, pre.do8t, pre.s_do, q8, q8t, s_q, k8, k8t, s_k, v, pre.lse2,
                         delta_sq=pre.delta_sq, lse2_p=pre.lse2_p, do_s=pre.do_s, **common)
     computed = kb.backward(do, pre.delta, pre.do8t, pre.s_do, q8, q8t, s_q, k8, k8t, s_k, v, pre.lse2, **common)

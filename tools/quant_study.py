@@ -53,9 +53,12 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
   p128vc  both: P~ per 128-key tile and V per channel.
   Not in the default list (``--variants a p128 vc p128vc``).
 
-  x64  dQ's X = dS s_K per (q token, block_kv tile) instead of per 128-key tile: the token contract until
-     2026-11-27 (ninth session), when X took the forward's key tile (validate.key_tile) so that the dQ
-     kernels sum one INT8 product over 128 keys. Not in the default list (``--variants a x64``).
+  x128  dQ = X^ K^ with X = dS s_K INT8 per (q token, 128-key tile, validate.key_tile): the token contract's dQ
+     from 2026-11-27 (ninth session) until 2026-11-28 (sixteenth session), when dQ became a bf16 product of Y
+     (simulate.token_dq, variant y16's measurement). Not in the default list (``--variants a x128``).
+  x64  as x128 with X per (q token, block_kv tile): the token contract's dQ until 2026-11-27 (ninth session), when X
+     took the forward's key tile so that the dQ kernels sum one INT8 product over 128 keys. Not in the default
+     list (``--variants x128 x64``).
 
   Diagnostic (``--variants fK``): f's K grouping with Q per token, as the contract has it (Q sits
   on the M side in the forward and the dQ kernel, where its per-token scale costs no outer product).
@@ -110,12 +113,12 @@ from sagebwd.fpa import fpa_attention
 from sagebwd.quant import (E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks,
                            quantize_row_blocks_e4m3, round_to_e4m3)
 from sagebwd.simulate import (SageConfig, backward, compute_dtype, forward, forward_quantized,
-                              scores, smooth, token_dk, token_x_dq, token_x_partials)
+                              scores, smooth, token_dk, token_x_dq, token_x_partials, with_dq_k)
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS, key_tile
 
 VARIANTS = {
-    "a": "token contract (baseline; dV in FP8 since 2026-11-27)",
+    "a": "token contract (baseline; dV in FP8 since 2026-11-27, dQ a bf16 product of Y since 2026-11-28)",
     "i8": "dV: P INT8 per (kv token, q block), dO INT8 per block (the contract until 2026-11-27)",
     "b": "dV: P FP8 static 448, dO FP8 per block",
     "c": "dV: P FP8 static 448, dO FP8 per token",
@@ -127,14 +130,15 @@ VARIANTS = {
     "fK": "diagnostic: f's K (16 of 64), Q per token",
     "g": "fwd denominator l from the quantised P^ (a ones column beside V^)",
     "kc": "dQ: X = dS per (q token, kv tile) without s_K, K^ per channel over the sequence",
-    "x64": "dQ: X = dS s_K per (q token, block_kv tile), the contract until 2026-11-27 (a: per 128-key tile)",
+    "x128": "dQ: X = dS s_K INT8 per (q token, 128-key tile) times K^, the contract until 2026-11-28",
+    "x64": "dQ: X = dS s_K per (q token, block_kv tile), the contract until 2026-11-27 (x128: per 128-key tile)",
     "p128": "fwd P~V: P~ per (q token, 128-key tile), V per (128 x D) block",
     "vc": "fwd P~V: P~ per (q token, kv tile), V INT8 per channel over the sequence",
     "p128vc": "fwd P~V: P~ per (q token, 128-key tile), V INT8 per channel over the sequence",
     "dpi8": "bwd dP = dO V^T in INT8: dO per q token, V per kv token",
     "dpf8": "bwd dP = dO V^T in FP8 e4m3: dO per q token, V per kv token (amax / 448)",
     "dpi8b": "bwd dP = dO V^T in INT8: dO per (block_q x D) block, V per kv token",
-    "dqfix": "bwd dQ's sum over key tiles in int32 fixed point, a power-of-two quantum per q row from a bound",
+    "dqfix": "bwd x128's dQ summed over key tiles in int32 fixed point, a power-of-two quantum per q row from a bound",
     "dos": "bwd dK's Y^T from V [dO s_Q | -delta s_Q]^T: dO s_Q in bf16, delta s_Q as hi + lo (no column reads)",
     "y16": "bwd dQ = dS K in bf16 (a fused backward's product): dS unquantised, rounded to bf16, K as given in bf16",
     "y16s": "as y16 with K-smoothing's K - mean rounded to bf16 in K's place",
@@ -268,12 +272,11 @@ def _tiled_pv_output(saved, cfg: SageConfig, tile: int, v_per_channel: bool):
     return o.to(saved.v.dtype), row_max.squeeze(-1) + torch.log(l)
 
 
-def _kv_tile_x_dq(saved, inter, cfg: SageConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dQ, dS as it consumes it) with X = dS s_K quantised per (q token, block_kv tile), as the token
-    contract had it until 2026-11-27 (ninth session); the contract's X takes one scale per key tile of 128
-    keys (validate.key_tile), so that the dQ kernel sums one INT8 product over 128 keys."""
+def _tiled_x_dq(saved, inter, cfg: SageConfig, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dQ, dS as it consumes it) with X = dS s_K INT8 per (q token, tile of `keys` keys) times K^ (variants x128:
+    the forward's key tile, validate.key_tile; x64: block_kv)."""
     ds = _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
-    dq, ds_seen = token_x_dq(ds, saved, cfg.block_kv, cfg, 1.0 / math.sqrt(saved.v.shape[-1]))
+    dq, ds_seen = token_x_dq(ds, saved, keys, cfg, 1.0 / math.sqrt(saved.v.shape[-1]))
     return dq.to(saved.v.dtype), ds_seen()
 
 
@@ -285,8 +288,8 @@ def _bf16_ds_dq(saved, inter, q, k, cfg: SageConfig, smoothed: bool) -> tuple[to
     if smoothed:
         ct = compute_dtype(q.dtype)
         _, k_used, _ = smooth(q.to(ct), k.to(ct), cfg)
-    k16 = k_used.to(torch.bfloat16)
-    dq = torch.einsum("bhqk,bhkd->bhqd", ds16.double(), k16.double()) / math.sqrt(saved.v.shape[-1])
+    dq_k = k_used.to(torch.bfloat16)
+    dq = torch.einsum("bhqk,bhkd->bhqd", ds16.double(), dq_k.double()) / math.sqrt(saved.v.shape[-1])
     return dq.to(saved.v.dtype), ds16.to(saved.v.dtype)
 
 
@@ -415,15 +418,17 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
         elif name == "kc":
             dq_kc, ds_kc = _channel_k_dq(saved, inter, q, k, cfg)
             out[name] = {**base, "dq": dq_kc, "ds": ds_kc}
-        elif name == "x64":
-            dq_x, ds_x = _kv_tile_x_dq(saved, inter, cfg)
+        elif name in ("x128", "x64"):
+            keys = key_tile(cfg.quant, cfg.block_kv) if name == "x128" else cfg.block_kv
+            dq_x, ds_x = _tiled_x_dq(saved, inter, cfg, keys)
             out[name] = {**base, "dq": dq_x, "ds": ds_x}
         elif name in ("y16", "y16s"):
             dq_y, ds_y = _bf16_ds_dq(saved, inter, q, k, cfg, smoothed=name == "y16s")
             out[name] = {**base, "dq": dq_y, "ds": ds_y}
-        elif name == "dqfix":
+        elif name == "dqfix":   # x128's dQ, summed in fixed point
             dq_f, stats = fixed_point_dq(saved, inter, do, cfg)
-            out[name] = {**base, "dq": dq_f, "stats": stats}
+            out[name] = {**base, "dq": dq_f, "ds": _tiled_x_dq(saved, inter, cfg, key_tile(cfg.quant, cfg.block_kv))[1],
+                         "stats": stats}
         elif name == "dos":   # dK only: dQ, dV and dS as the contract's
             assert saved.mu_q is None, "variant dos is studied without Q-smoothing"
             out[name] = {**base, "dk": prescaled_do_dk(saved, inter, do, cfg)}
@@ -441,6 +446,7 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
                               quantize_interleaved(q_sm, 8, 8, 1))    # groups of one token: per token
                 k_hat, s_k = quantize_interleaved(k_sm, cfg.block_kv, 8, 2)
             o_e, saved_e = forward_quantized(q_hat, s_q, k_hat, s_k, mu_q, k_sm, v, cfg, q.dtype)
+            saved_e = with_dq_k(saved_e, k, cfg)
             (dq_e, dk_e, dv_e), inter_e = backward(saved_e, do, cfg, return_intermediates=True)
             out[name] = {"o": o_e, "dq": dq_e, "dk": dk_e, "dv": dv_e, "ds": inter_e.ds}
         else:

@@ -44,7 +44,8 @@ from ..quant import dos_power as host_dos_power   # the kernels' is _common.dos_
 from ..validate import key_tile
 from . import registry
 from ._common import (DS_SPAN, LOG2E, P_E4M3_SCALE, dos_power, empty_in_layout_of, int_to_float, interpreting,
-                      program_tile, round_scaled_to_int8, saturated_ds_to_int8, tile_scales, to_e4m3, to_k_order)
+                      program_tile, round_scaled_to_int8, saturated_ds_to_int8, tile_scales, to_16bit, to_e4m3,
+                      to_k_order)
 from .forward import smooth_q_bias
 from .launch import Tuning, arch_for, launch, launch_settings, overrides
 from .schedule import heads_per_section, tile_grid
@@ -97,11 +98,9 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
         v = tl.load(V_bh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
         dp = _dot16(do, tl.trans(v), DOT_F32)
         ds = p * (dp - delta[:, None])
-        if TOKEN:   # X = dS s_K, one scale per row: K^'s scale runs along this product's sum
-            x = ds * k_scale[None, :]
-            x_scale, x_inv = tile_scales(tl.max(tl.abs(x), axis=1), False)
-            ds8 = to_k_order(round_scaled_to_int8(x, x_inv[:, None]))
-            dq_scale = x_scale[:, None]
+        if TOKEN:   # do is dO s_Q c and delta delta s_Q c: ds is c Y (Y = dS s_Q, dK's operand), a bf16 product
+            kf = tl.load(KF_bh + offs_n[:, None] * stride_kfn + offs_d[None, :] * stride_kfd).to(tl.float32)
+            dq += _dot16(to_16bit(ds, tl.bfloat16), to_16bit(kf, tl.bfloat16), DOT_F32)
         else:
             # Both tile maxima in one cross-warp reduction. P >= 0 orders like its bits as integers,
             # whose max takes two elements per instruction (VIMNMX3; FMNMX takes one).
@@ -113,14 +112,13 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
             tl.store(TS_q + j * TS_step + slot,
                      tl.where(slot == 0, p_scale, tl.where(slot == 1, p_inv, tl.where(slot == 2, ds_scale, ds_inv))))
             ds8 = to_k_order(round_scaled_to_int8(ds, ds_inv))   # own amax: in range; K^T in k order
-            dq_scale = ds_scale * k_scale
-        k8_cols = tl.trans(tl.load(K8T_bh + offs_d[:, None] * N + offs_n[None, :]))
-        dq += int_to_float(tl.dot(ds8, k8_cols, out_dtype=tl.int32)) * dq_scale
+            k8_cols = tl.trans(tl.load(K8T_bh + offs_d[:, None] * N + offs_n[None, :]))
+            dq += int_to_float(tl.dot(ds8, k8_cols, out_dtype=tl.int32)) * (ds_scale * k_scale)
     return dq
 
 
 @triton.jit
-def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF, KMEAN,
+def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, SDO, DQ, TILE_SCALES, MU, KF, KMEAN,
                stride_vb, stride_vh, stride_vn, stride_vd,
                stride_dob, stride_doh, stride_don, stride_dod,
                stride_kfb, stride_kfh, stride_kfn, stride_kfd,
@@ -129,8 +127,10 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr,
                DOT_F32: tl.constexpr, TOKEN: tl.constexpr):
-    """BLOCK_M = block_q, BLOCK_N = block_kv (TOKEN: the key tile of X's scales, validate.key_tile): each
-    iteration is exactly one quantisation tile."""
+    """BLOCK_M = block_q, BLOCK_N = block_kv: each iteration is exactly one quantisation tile. TOKEN (BLOCK_N the
+    forward's key tile, validate.key_tile): DO is dO s_Q c, DELTA delta s_Q c (c the q block's power of two from SDO,
+    quant.dos_power) and KF the K, in bf16, of dQ = (sm_scale / s_Q) bf16(Y) K16 (simulate.token_dq); SDO is unused
+    in the block contract."""
     # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).
     rank, bh = program_tile(N // BLOCK_M, SECTION)
     pid_m = N // BLOCK_M - 1 - rank
@@ -178,8 +178,13 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF,
                        K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
                        BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32, TOKEN)
+    if TOKEN:   # the rows' 1 / s_Q and the block's 1 / c, once: Y's scale is constant along the keys
+        c, _ = dos_power(tl.load(SDO + bh * (N // BLOCK_M) + pid_m), DO.dtype.element_ty == tl.float16)
+        dq = dq * (sm_scale / (q_scale * c))[:, None]
+    else:
+        dq = dq * sm_scale
     tl.store(DQ + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gn + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty))
+             to_16bit(dq, DQ.dtype.element_ty))   # rounded to nearest also under the interpreter
 
 
 @triton.jit
@@ -488,7 +493,7 @@ def _triton_args(c: BackwardCall, do: torch.Tensor | None = None) -> tuple:
     sm_scale, H, N."""
     b, h, n, d = c.q8.shape
     smooth_q = c.mu_q is not None
-    kf = c.k if smooth_q else c.v
+    kf = c.k if (smooth_q or c.token) else c.v   # K: the Q-smoothing bias's, and the token contract's dQ operand
     mu = c.mu_q if smooth_q else c.s_q
     k_mean = c.k_mean if (smooth_q and c.smooth_k) else c.s_q
     strides = (*c.v.stride(), *(c.do if do is None else do).stride(), *kf.stride(), *c.dq.stride()[:3])   # dk, dv: dq's
@@ -500,10 +505,12 @@ def _triton_args(c: BackwardCall, do: torch.Tensor | None = None) -> tuple:
 def run_dq(c: BackwardCall, tuning: Tuning | None = None) -> None:
     """The Triton dQ kernel (registry: dq "triton")."""
     b, h, n, d = c.q8.shape
-    tail, flags = _triton_args(c)
-    keys = key_tile("token" if c.token else "block", c.block_kv)   # one iteration: one tile of X's scales
+    do = c.do_s if c.token else c.do   # token: Y from dO s_Q c, as the dK/dV kernels form it
+    tail, flags = _triton_args(c, do)
+    keys = key_tile("token" if c.token else "block", c.block_kv)   # one iteration: one key tile
     launch("dq", _dq_kernel, tile_grid(n // c.block_q, b * h),
-        c.q8, c.s_q, c.k8, c.k8t, c.s_k, c.v, c.do, c.lse2, c.delta, c.dq, c.tile_scales, *tail,
+        c.q8, c.s_q, c.k8, c.k8t, c.s_k, c.v, do, c.lse2, c.delta_sq if c.token else c.delta, c.s_do, c.dq,
+        c.tile_scales, *tail,
         heads_per_section(c.causal, b * h, (c.k8, c.k8t, c.v)),
         BLOCK_M=c.block_q, BLOCK_N=keys, **flags,
         **launch_settings("dq", _dq_launch(c.block_q, keys, d), tuning), tuning=tuning)
@@ -547,6 +554,8 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delt
     ("token": s_q, s_k per token). The dQ and the dK/dV kernels are the registry's for this device,
     contract and `kernels` (one of them may compute all three)."""
     b, h, n, d = q8.shape
+    if quant == "token" and k is None:
+        raise ValueError("the token contract's dQ is a bf16 product with K itself: pass k (the attention's K)")
     dq = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype or v.dtype)
     dk = torch.empty_like(dq)
     dv = torch.empty_like(dq)

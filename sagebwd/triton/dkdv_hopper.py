@@ -468,13 +468,14 @@ def _rows_dot(x_a, x_b, inv, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_
 
 
 @gluon.jit
-def _dos_inv(s_do, FP16: gl.constexpr):
-    """1 / c of sagebwd.quant.dos_power, from s_dO's bits (the token contract's dO s_Q and delta s_Q carry c); 1
-    unless FP16 (dO's dtype)."""
+def _dos_power(s_do, FP16: gl.constexpr):
+    """sagebwd.quant.dos_power from s_dO's bits: (c, 1 / c), powers of two (the token contract's dO s_Q and delta s_Q
+    carry c); (1, 1) unless FP16 (dO's dtype)."""
     if FP16:
-        return ((((s_do.to(gl.int32, bitcast=True) >> 23) & 0xFF) + 3) << 23).to(gl.float32, bitcast=True)
+        e = (s_do.to(gl.int32, bitcast=True) >> 23) & 0xFF
+        return ((251 - e) << 23).to(gl.float32, bitcast=True), ((e + 3) << 23).to(gl.float32, bitcast=True)
     else:
-        return 1.0
+        return 1.0, 1.0
 
 
 @gluon.jit
@@ -647,7 +648,7 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         y_scale, y_inv = _row_scales(y_max)
         # the ring's dO s_Q and delta s_Q carry the block's c (backward_preprocess; 1 unless fp16): Y^T came out c
         # times, so its scale takes 1 / c (exact: a power of two), one multiply per row
-        y_scale = y_scale * _dos_inv(s_do, do_smem.dtype == gl.float16)
+        y_scale = y_scale * _dos_power(s_do, do_smem.dtype == gl.float16)[1]
         dk_int = _rows_dot(p_a if HAS_A else y_b, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, HAS_A,
                            SLICE, BLOCKED, False)
         if DQ_MODE == PRODUCT_Y16_DQ:

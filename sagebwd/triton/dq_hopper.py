@@ -38,12 +38,14 @@ At d=64 it computes the same dQ but is slower than the Triton kernel (0-14%: 191
 program of 8 warps per SM, where the Triton kernel fits two at 128 registers; capped at 128 here it
 spills), so the registry lists it at d=128 only for the block contract. The host side: hopper.py.
 TOKEN (the token contract; the registry's default on sm_90, warp-specialised): _tile_token as the tile
-step, backward.py's TOKEN arithmetic: X = dS s_K quantised with one scale per q row of the tile pair
-(the contract's 128-key tile: a max over the thread's columns of both tiles and a quad's shuffles in the
-accumulator layout, no exchange between the warps, no tile scales written), the pair's product
-int(X^ K^) one int32 sum over its 128 keys (two chained wgmmas) folded into dQ with one fma per element
-during the next pair's first tile; s_K per kv row by TMA with each tile pair (a ring beside K^'s), s_Q
-per q row loaded once (docs/kernel-notes.md, "The token contract's Gluon dQ", "dQ's X per 128-key tile").
+step, backward.py's TOKEN arithmetic (simulate.token_dq): dP from dO s_Q c and delta s_Q c (the
+preprocess's, as the dK/dV kernels read them; c the q block's power of two, 1 unless fp16), so that
+P (dP - delta) is c Y, Y = dS s_Q, dK's operand; Y in bf16 from registers times K in bf16 from the ring
+(in place of K^T INT8), two chained wgmmas per tile pair accumulating into dQ itself: no maximum, no
+rounding to INT8, no per-tile scale (Y's is per q row, constant along the keys), dQ's rows scaled once
+by sm_scale / (s_Q c) at the end. The pair's product runs during the next pair's first tile; s_K per kv
+row (S's) by TMA with each tile pair (a ring beside K^'s), s_Q per q row loaded once (docs/kernel-notes.md,
+"The token contract's Gluon dQ", "dQ in bf16 from Y").
 SPLIT (TOKEN and WS; registry dq "gluon-ws2": the d=128 token default without the causal mask, a choice
 elsewhere on the token rows): the block's halves on two consumer partitions of one warpgroup each, taking
 turns issuing their products (FA3's ping-pong, two mbarriers after the ring's); bit-identical, -7.6% at
@@ -57,7 +59,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ._common import program_tile
-from .dkdv_hopper import _int8_bits, _row_scales, _seq_copy, as_a_operand
+from .dkdv_hopper import _dos_power, _int8_bits, _seq_copy, as_a_operand
 
 Q_ROWS = 128    # q rows per program = block_q
 KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
@@ -79,8 +81,8 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 @gluon.jit
 def _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, t_row0, vb, vh,
                STAGES: gl.constexpr, KV_ROWS: gl.constexpr, sk_desc, sk_smem, TOKEN: gl.constexpr):
-    """TMA of kv tiles 2u and 2u+1 (K^, K^T, V; TOKEN: and s_K, one scale per kv row) into ring slot
-    u % STAGES: three (four) copies on one mbarrier per two tiles."""
+    """TMA of kv tiles 2u and 2u+1 (K^, K^T, V; TOKEN: K in bf16 in K^T's place, and s_K, one scale per kv
+    row) into ring slot u % STAGES: three (four) copies on one mbarrier per two tiles."""
     slot = u % STAGES
     bar = bars.index(slot)
     sk_bytes: gl.constexpr = sk_desc.block_type.nbytes if TOKEN else 0
@@ -88,7 +90,10 @@ def _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, u, row0, 
     if TOKEN:
         tma.async_copy_global_to_shared(sk_desc, [row0 + u * 2 * KV_ROWS], bar, sk_smem.index(slot))
     tma.async_copy_global_to_shared(k_desc, [row0 + u * 2 * KV_ROWS, 0], bar, k_smem.index(slot))
-    tma.async_copy_global_to_shared(kt_desc, [t_row0, u * 2 * KV_ROWS], bar, kt_smem.index(slot))
+    if TOKEN:   # K in bf16, rows as V's (seq_desc: the model's layout)
+        _seq_copy(kt_desc, vb, vh, row0, u * 2 * KV_ROWS, bar, kt_smem.index(slot))
+    else:
+        tma.async_copy_global_to_shared(kt_desc, [t_row0, u * 2 * KV_ROWS], bar, kt_smem.index(slot))
     _seq_copy(v_desc, vb, vh, row0, u * 2 * KV_ROWS, bar, v_smem.index(slot))
 
 
@@ -174,42 +179,35 @@ def _tile(j, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, 
 
 
 @gluon.jit
-def _add_product(dq, dq_int, scale, TOKEN: gl.constexpr):
-    """dq += the int32 product of a tile (TOKEN: of a tile pair) times its dQ scale: the tile's (a scalar)
-    or, TOKEN, its q rows' (in the accumulator's row layout), one fma per element as backward.py's."""
-    if TOKEN:
-        dq += dq_int.to(gl.float32) * scale[:, None]
-    else:
-        dq += dq_int.to(gl.float32) * scale
+def _add_product(dq, dq_int, scale):
+    """dq += the int32 product of a tile times its dQ scale (a scalar), one fma per element as backward.py's."""
+    dq += dq_int.to(gl.float32) * scale
     return dq
 
 
 @gluon.jit
-def _pair_product(bits_a, bits_b, kt_pair, op_layout: gl.constexpr, acc_layout: gl.constexpr, ROWS: gl.constexpr,
-                  KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """TOKEN: int(X^ K^) of a tile pair, issued (async): the two tiles' X^ bits (one scale per q row for
-    both) times their K^ (kt_pair: the pair's K^T), chained in one int32 accumulator (the exact sum
-    over the pair's 2 KV_ROWS keys)."""
-    acc = warpgroup_mma(as_a_operand(bits_a.to(gl.int8), op_layout), kt_pair.slice(0, KV_ROWS, dim=1).permute((1, 0)),
-                        gl.zeros([ROWS, HEAD_DIM], gl.int32, acc_layout), use_acc=False, is_async=True)
-    return warpgroup_mma(as_a_operand(bits_b.to(gl.int8), op_layout),
-                         kt_pair.slice(KV_ROWS, KV_ROWS, dim=1).permute((1, 0)), acc, use_acc=True, is_async=True)
+def _pair_product(dq, y_a, y_b, k16_pair, op_layout: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """TOKEN: dq + c Y K16 of a tile pair, issued (async): the two tiles' c Y in bf16 (registers) times their K in
+    bf16 (k16_pair: the pair's [2 KV_ROWS, HEAD_DIM] rows from the ring), chained into dq itself."""
+    k16 = k16_pair.reshape([2 * KV_ROWS, HEAD_DIM])
+    acc = warpgroup_mma(gl.convert_layout(y_a, op_layout), k16.slice(0, KV_ROWS), dq, use_acc=True, is_async=True)
+    return warpgroup_mma(gl.convert_layout(y_b, op_layout), k16.slice(KV_ROWS, KV_ROWS), acc, use_acc=True,
+                         is_async=True)
 
 
 @gluon.jit
-def _tile_token(j, dq, bits_a, bits_b, scale_prev, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_tile, lse, delta,
-                offs_m, qk_row, refill, s_layout: gl.constexpr, dp_layout: gl.constexpr, acc_layout: gl.constexpr,
-                op_layout: gl.constexpr, STAGES: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr,
+def _tile_token(j, dq, y_a, y_b, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_tile, lse, delta,
+                offs_m, qk_row, refill, s_layout: gl.constexpr, dp_layout: gl.constexpr, op_layout: gl.constexpr,
+                STAGES: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr,
                 HEAD_DIM: gl.constexpr, MASK: gl.constexpr, empty, WS: gl.constexpr, HALF: gl.constexpr,
                 PRODUCT: gl.constexpr):
     """Tile j in the token contract (backward.py's TOKEN branches, in its order and roundings):
     S = int(Q^ K^T) * s_K per kv column * (s_Q qk_const) per q row (qk_row), then exp2(S - LSE) (the
-    second multiply and the subtraction one fma, contracted as there); dS = P (dP - delta); returns dq
-    and X = dS s_K, which _pair quantises with one scale per q row of the tile pair. PRODUCT (the pair's
-    first tile, unless it is the block's first pair): the previous pair's product int(X^ K^) (bits_a,
-    bits_b: its X^ bits; kt_prev: its K^T) runs on the tensor cores with S and dP and is folded into dq
-    with scale_prev (per q row) while they finish; WS: the ring slot that product read is then freed (a
-    barrier and one arrive; not WS: _pair refills it after this tile). s_K of the tile's kv rows
+    second multiply and the subtraction one fma, contracted as there); returns dq and c Y = P (dP - delta)
+    (do_smem holds dO s_Q c, delta is delta s_Q c). PRODUCT (the pair's first tile, unless it is the
+    block's first pair): the previous pair's product c Y K16 (y_a, y_b: its c Y in bf16; kt_prev: its K
+    rows) runs on the tensor cores into dq with S and dP; WS: the ring slot that product read is then freed
+    (a barrier and one arrive; not WS: _pair refills it after this tile). s_K of the tile's kv rows
     (sk_tile) came by TMA with K^ (loaded from global memory, its 64-bit addresses were carried across
     the loop and spilled)."""
     # s_K per kv column, read before this tile's products are issued: read after, it queued behind
@@ -224,12 +222,11 @@ def _tile_token(j, dq, bits_a, bits_b, scale_prev, kt_prev, q_smem, do_smem, k_t
     if HALF == 1:
         mbarrier.wait(empty.index(STAGES + 1), j & 1)
     if PRODUCT:
-        dq_tok = _pair_product(bits_a, bits_b, kt_prev, op_layout, acc_layout, Q_ROWS, KV_ROWS, HEAD_DIM)
+        dq_tok = _pair_product(dq, y_a, y_b, kt_prev, op_layout, KV_ROWS, HEAD_DIM)
     s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.int32, s_layout),
                           use_acc=False, is_async=True)
     if PRODUCT:
-        dq_int = warpgroup_mma_wait(1, deps=[dq_tok])
-        dq += dq_int.to(gl.float32) * scale_prev[:, None]
+        dq = warpgroup_mma_wait(1, deps=[dq_tok])
         if WS:   # the product that read pair u-1's slot is done in this warp; in all after the barrier
             if HALF < 0:
                 _cta_barrier()
@@ -248,8 +245,7 @@ def _tile_token(j, dq, bits_a, bits_b, scale_prev, kt_prev, q_smem, do_smem, k_t
         offs_n = j * KV_ROWS + gl.arange(0, KV_ROWS, layout=gl.SliceLayout(0, s_layout))
         p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
     dp = warpgroup_mma_wait(0, deps=[dp_tok])
-    ds = p * (gl.convert_layout(dp, s_layout) - delta[:, None])
-    return dq, ds * k_scale[None, :]   # X = dS s_K: K^'s scale runs along this product's sum
+    return dq, p * (gl.convert_layout(dp, s_layout) - delta[:, None])   # c Y
 
 
 @gluon.jit
@@ -274,25 +270,24 @@ def _pair(u, n_pairs, dq, ds_prev, ds_prev_b, scale_prev, prev_slot, q_smem, do_
     v_pair = v_smem.index(slot).reshape([2 * KV_ROWS, HEAD_DIM])
     refill = u - 1 + STAGES
     if TOKEN:
-        dq, x_a = _tile_token(2 * u, dq, ds_prev, ds_prev_b, scale_prev, kt_smem.index(prev_slot), q_smem, do_smem,
+        dq, y_a = _tile_token(2 * u, dq, ds_prev, ds_prev_b, kt_smem.index(prev_slot), q_smem, do_smem,
                               k_pair.slice(0, KV_ROWS), v_pair.slice(0, KV_ROWS), sk_smem.index(slot).slice(0, KV_ROWS),
-                              lse, delta, offs_m, q_scale, refill, s_layout, dp_layout, acc_layout, op_layout, STAGES,
+                              lse, delta, offs_m, q_scale, refill, s_layout, dp_layout, op_layout, STAGES,
                               Q_ROWS, KV_ROWS, HEAD_DIM, MASK, empty, WS, HALF, not FIRST)
         if not WS and not FIRST:
             if refill < n_pairs:
                 _cta_barrier()   # every warp has waited on the product that read the slot (tile 2u's first)
                 _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, refill, row0, t_row0, vb, vh,
                            STAGES, KV_ROWS, sk_desc, sk_smem, True)
-        dq, x_b = _tile_token(2 * u + 1, dq, ds_prev, ds_prev_b, scale_prev, kt_pair, q_smem, do_smem,
+        dq, y_b = _tile_token(2 * u + 1, dq, ds_prev, ds_prev_b, kt_pair, q_smem, do_smem,
                               k_pair.slice(KV_ROWS, KV_ROWS), v_pair.slice(KV_ROWS, KV_ROWS),
                               sk_smem.index(slot).slice(KV_ROWS, KV_ROWS), lse, delta, offs_m, q_scale, refill,
-                              s_layout, dp_layout, acc_layout, op_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, MASK,
+                              s_layout, dp_layout, op_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, MASK,
                               empty, WS, HALF, False)
-        # one scale per q row of the pair: a max over the thread's columns of both tiles, then a quad's shuffles
-        x_scale, x_inv = _row_scales(gl.max(gl.maximum(gl.abs(x_a), gl.abs(x_b)), axis=1))
-        bits = _int8_bits(x_a, x_inv[:, None])
-        bits_b = _int8_bits(x_b, x_inv[:, None])
-        scale_b = gl.convert_layout(x_scale, gl.SliceLayout(1, acc_layout))
+        # the pair's c Y in bf16, the next pair's first tile's product (no maximum: a 16-bit product)
+        bits = y_a.to(gl.bfloat16)
+        bits_b = y_b.to(gl.bfloat16)
+        scale_b = scale_prev
     else:
         kt_prev = kt_smem.index(prev_slot).slice(KV_ROWS, KV_ROWS, dim=1)
         dq, ds_a, scale_a = _tile(2 * u, dq, ds_prev, scale_prev, kt_prev, q_smem, do_smem, k_pair.slice(0, KV_ROWS),
@@ -328,7 +323,7 @@ def _producer(q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem,
 
 @gluon.jit
 def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc, kt_desc, v_desc,
-             SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
+             SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
              n_pairs, HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
              STAGES: gl.constexpr, WS: gl.constexpr, TOKEN: gl.constexpr, sk_desc, sk_smem, HALF: gl.constexpr = -1):
     """dQ and the tile scales of q block pid_m on all of the program's (WS: the consumer
@@ -344,9 +339,10 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
                                                        instr_shape=[16, KV_ROWS, 32])
     dp_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
                                                         instr_shape=[16, KV_ROWS, 16])
+    # dQ's product: INT8 dS^ K^ (block), bf16 Y K16 accumulating into dq itself (TOKEN)
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[nw, 1],
-                                                         instr_shape=[16, HEAD_DIM, 32])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=4)
+                                                         instr_shape=[16, HEAD_DIM, 16 if TOKEN else 32])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2 if TOKEN else 4)
     all_layout: gl.constexpr = gl.BlockedLayout([nw, 2], [32, 1], [nw, 1], [1, 0])   # whole [warps, 2] per thread
     ts_layout: gl.constexpr = gl.BlockedLayout([4], [32], [nw], [0])
     row: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -370,12 +366,10 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
     TS_step = (N // Q_ROWS) * 4   # from one kv tile's record to the next
     qk_const = sm_scale * 1.4426950408889634
     dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
-    ds_bits = gl.zeros([ROWS, KV_ROWS], gl.int32, s_layout)   # no product in flight before tile 0
-    ds_bits_b = ds_bits   # TOKEN: the second tile's X^ bits of the pair in flight (the block contract: unused)
-    if TOKEN:   # the dQ scale of the product in flight: per q row
-        scale = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, acc_layout))
-    else:
-        scale = qk_const
+    # no product in flight before tile 0: the block contract's dS^ bits; TOKEN: c Y in bf16 of both tiles of a pair
+    ds_bits = gl.zeros([ROWS, KV_ROWS], gl.bfloat16 if TOKEN else gl.int32, s_layout)
+    ds_bits_b = ds_bits   # TOKEN: the second tile's (the block contract: unused)
+    scale = qk_const   # the block contract's dQ scale of the product in flight (TOKEN: unused)
     slot = gl.to_tensor(0)
     do_tile = do_smem.reshape([Q_ROWS, HEAD_DIM])
     if HALF >= 0:
@@ -390,7 +384,7 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
         n_unmasked = n_pairs
     # ONE_COPY (the halves, but not at d=128 under the mask): one copy of the unmasked pair code per
     # partition, where the peeled first pair makes two: the first pair runs the loop's code, its "previous"
-    # product a zero X^ (ds_bits, ds_bits_b, scale: zeros) that adds exactly 0. Two partitions of four copies each
+    # product a zero c Y (ds_bits, ds_bits_b: zeros) that adds exactly 0. Two partitions of four copies each
     # (~9k SASS instructions at d=64) ran the causal dQ 2 points slower than one copy (docs/kernel-notes.md).
     # At d=128 under the mask ptxas then spills ~60 values inside each consumer's loop; masking the diagonal
     # behind a branch in the loop instead (one copy in all) ran the causal dQ 11-13% slower.
@@ -426,29 +420,35 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
             KV_ROWS, HEAD_DIM, True, True, empty, WS, TOKEN, sk_desc, sk_smem, HALF)
     # the last tile's product
     if TOKEN:
-        dq_int = warpgroup_mma_wait(0, deps=[_pair_product(ds_bits, ds_bits_b, kt_smem.index(slot), op_layout,
-                                                           acc_layout, ROWS, KV_ROWS, HEAD_DIM)])
+        dq = warpgroup_mma_wait(0, deps=[_pair_product(dq, ds_bits, ds_bits_b, kt_smem.index(slot), op_layout,
+                                                       KV_ROWS, HEAD_DIM)])
     else:
         dq_int = warpgroup_mma(as_a_operand(ds_bits.to(gl.int8), op_layout),
                                kt_smem.index(slot).slice(KV_ROWS, KV_ROWS, dim=1).permute((1, 0)),
                                gl.zeros([ROWS, HEAD_DIM], gl.int32, acc_layout), use_acc=False)
-    dq = _add_product(dq, dq_int, scale, TOKEN)
+        dq = _add_product(dq, dq_int, scale)
 
     offs_r = start_m + OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+    if TOKEN:   # the rows' 1 / s_Q and the block's 1 / c, once, as backward.py's: Y's scale is constant along the keys
+        q_c = gl.load(SQ + row0 + offs_r) * _dos_power(gl.load(SDO + bh * (N // Q_ROWS) + pid_m),
+                                                       do_smem.dtype == gl.float16)[0]
+        dq = dq * (sm_scale / q_c)[:, None]
+    else:
+        dq = dq * sm_scale
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     DQ_bh = DQ + vb.to(gl.int64) * stride_gb + vh.to(gl.int64) * stride_gh
-    gl.store(DQ_bh + offs_r[:, None] * stride_gn + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty))
+    gl.store(DQ_bh + offs_r[:, None] * stride_gn + offs_d[None, :], dq.to(DQ.dtype.element_ty))
 
 
 @gluon.jit
-def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn,
+def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn,
                TILE_SCALES, sm_scale, N, H, SECTION, sk_desc,
                HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
                STAGES: gl.constexpr, WS: gl.constexpr, PRODUCER_REGS: gl.constexpr, TOKEN: gl.constexpr,
                SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """TOKEN: the token contract (SQ, SK per token, sk_desc SK's TMA view in boxes of a tile pair;
-    TILE_SCALES unused), else the block contract (sk_desc unused). SPLIT (TOKEN, WS; launched with 4
+    """TOKEN: the token contract (SQ, SK per token, sk_desc SK's TMA view in boxes of a tile pair; do_desc dO s_Q c
+    and DELTA delta s_Q c, c the q block's power of two from SDO, dO^'s scales; kt_desc K in bf16; TILE_SCALES
+    unused), else the block contract (sk_desc, SDO unused). SPLIT (TOKEN, WS; launched with 4
     warps): the block's two halves on two consumer partitions of one warpgroup each, which share the
     ring (a slot is free once both have arrived) and take turns issuing their products (_tile_token)."""
     gl.static_assert(Q_ROWS == 2 * KV_ROWS, "the causal diagonal is the block's last tile pair")
@@ -470,7 +470,8 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
     # v and dO: (rows, HEAD_DIM) or, by 4-D descriptors on their own strides, (1, 1, rows, HEAD_DIM) boxes
     do_smem = gl.allocate_shared_memory(do_desc.dtype, do_desc.block_type.shape, do_desc.layout)
     k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, 2 * KV_ROWS, HEAD_DIM], k_desc.layout)
-    kt_smem = gl.allocate_shared_memory(gl.int8, [STAGES, HEAD_DIM, 2 * KV_ROWS], kt_desc.layout)
+    # K^T INT8, or (TOKEN) K in bf16 in (2 KV_ROWS, HEAD_DIM) or (1, 1, 2 KV_ROWS, HEAD_DIM) boxes as V's
+    kt_smem = gl.allocate_shared_memory(kt_desc.dtype, [STAGES] + kt_desc.block_type.shape, kt_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     # One exchange buffer per tile of a pair: separate allocations, so that the compiler's barrier
     # before reading one also orders the previous reads of the other (one barrier per tile).
@@ -494,11 +495,11 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
         mbarrier.init(empty.index(STAGES + 1), count=1)
         gl.warp_specialize([
             (_dq_block, (q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc,
-                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
+                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
                         sm_scale, N, H, pid_m, bh, n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, True, TOKEN,
                         sk_desc, sk_smem, 0)),
             (_dq_block, (q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc,
-                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
+                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
                         sm_scale, N, H, pid_m, bh, n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, True, TOKEN,
                         sk_desc, sk_smem, 1)),
             (_producer, (q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem, kt_smem, v_smem, q_bar,
@@ -511,7 +512,7 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
             mbarrier.init(empty.index(i), count=1)   # the consumers arrive once, after a barrier of theirs
         gl.warp_specialize([
             (_dq_block, (q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc,
-                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
+                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
                         sm_scale, N, H, pid_m, bh, n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, True, TOKEN,
                         sk_desc, sk_smem)),
             (_producer, (q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem, kt_smem, v_smem, q_bar,
@@ -527,7 +528,7 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ
                 _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, i, row0, t_row0, vb, vh, STAGES,
                            KV_ROWS, sk_desc, sk_smem, TOKEN)
         _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, bars, k_desc, kt_desc, v_desc,
-                 SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
+                 SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
                  n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, False, TOKEN, sk_desc, sk_smem)
         for i in gl.static_range(STAGES + 1):
             mbarrier.invalidate(bars.index(i))

@@ -135,21 +135,27 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
     return out
 
 
-def dq_launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, causal: bool, ws: bool,
-                   token: bool = False, split: bool = False):
+def dq_launch_args(q8, k8, k_operand, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, causal: bool, ws: bool,
+                   token: bool = False, split: bool = False, s_do=None):
     """(grid, args, kwargs) of the one dQ launch; v and do may have any strides and alignment. token: the
-    token contract (s_q, s_k per token, s_k also by TMA with each tile pair; tile_scales unused, a
-    placeholder). split (token, ws): each half of the q block on a consumer warpgroup of its own."""
+    token contract (s_q, s_k per token, s_k also by TMA with each tile pair; do is dO s_Q c, delta delta s_Q c, s_do
+    dO^'s scales, which give c, and k_operand K itself (bf16, or fp16 converted), in any layout, dQ's 16-bit operand;
+    tile_scales unused, a placeholder). split (token, ws): each half of the q block on a consumer warpgroup of its
+    own. k_operand: dQ's B operand, K^T INT8 (block) or K (token)."""
     if split and not (token and ws):
         raise ValueError("the two-consumer dQ (split) needs the token contract (its scales stay within a warpgroup) "
                          "and the warp-specialised kernel (ws)")
     b, h, n, d = q8.shape
     rows = b * h * n
     q_rows, kv_rows = dq_hopper.Q_ROWS, dq_hopper.KV_ROWS
-    args = (desc(q8.reshape(rows, d), [q_rows, d]), seq_desc(do, q_rows),
-            desc(k8.reshape(rows, d), [2 * kv_rows, d]), desc(k8t.reshape(b * h * d, n), [d, 2 * kv_rows]),
-            seq_desc(v, 2 * kv_rows), s_q, s_k, lse2, delta, dq, *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h,
-            heads_per_section(causal, b * h, (k8, k8t, v)),
+    if token:   # dQ = Y K16: K in bf16 (simulate.token_dq), rows as V's
+        kt_desc = seq_desc(k_operand.to(torch.bfloat16), 2 * kv_rows)   # no copy when K is bf16
+    else:
+        kt_desc = desc(k_operand.reshape(b * h * d, n), [d, 2 * kv_rows])
+    args = (desc(q8.reshape(rows, d), [q_rows, d]), seq_desc(do, q_rows), desc(k8.reshape(rows, d), [2 * kv_rows, d]),
+            kt_desc, seq_desc(v, 2 * kv_rows), s_q, s_k, lse2, delta, s_q if s_do is None else s_do, dq,
+            *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h,
+            heads_per_section(causal, b * h, (k8, k_operand, v)),
             desc((s_k if token else lse2).reshape(rows), [2 * kv_rows]))   # block: unused
     kwargs = dict(HEAD_DIM=d, Q_ROWS=q_rows, KV_ROWS=kv_rows, CAUSAL=causal, STAGES=dq_hopper.stages(d, causal, token),
                   num_warps=4 if split else 8, WS=ws, PRODUCER_REGS=dq_hopper.PRODUCER_REGS, TOKEN=token, SPLIT=split,
@@ -160,8 +166,13 @@ def dq_launch_args(q8, k8, k8t, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *
 def run_dq(c, tuning: Tuning | None = None, *, ws: bool, split: bool = False) -> None:
     """The Gluon dQ (registry: dq "gluon", "gluon-ws", "gluon-ws2"), on a backward.BackwardCall, in its
     contract; its own launch settings (a tool's overrides are the Triton kernels')."""
-    grid, args, kwargs = dq_launch_args(c.q8, c.k8, c.k8t, c.s_q, c.s_k, c.v, c.do, c.lse2, c.delta, c.dq,
-                                        c.tile_scales, causal=c.causal, ws=ws, token=c.token, split=split)
+    if c.token:   # Y from dO s_Q c and delta s_Q c, as the dK/dV kernels form it; K itself for Y K16
+        do, delta, k_operand = c.do_s, c.delta_sq, c.k
+    else:
+        do, delta, k_operand = c.do, c.delta, c.k8t
+    grid, args, kwargs = dq_launch_args(c.q8, c.k8, k_operand, c.s_q, c.s_k, c.v, do, c.lse2, delta, c.dq,
+                                        c.tile_scales, causal=c.causal, ws=ws, token=c.token, split=split,
+                                        s_do=c.s_do)
     launch("dq", dq_hopper._dq_kernel, grid, *args, tuning=tuning, **kwargs)
 
 

@@ -125,8 +125,9 @@ def _backward_fake(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, c
 def _save(ctx, k, v, flags, kernels, output):
     """What the backward keeps (the same for both autograd paths below)."""
     o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = output
-    # K itself is needed only for the Q-smoothing bias; otherwise keep nothing of it.
-    ctx.save_for_backward(o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k if flags[2] else _empty(k.device),
+    # K itself is needed for the Q-smoothing bias and the token contract's dQ (a bf16 product with K); otherwise
+    # keep nothing of it.
+    ctx.save_for_backward(o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k if (flags[2] or flags[5]) else _empty(k.device),
                           mu_q, k_mean)
     ctx.flags = flags
     ctx.kernels = kernels

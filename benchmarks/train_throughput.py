@@ -52,7 +52,6 @@ import gc
 import json
 import logging
 import platform
-import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -463,4 +462,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from launcher.distributed import exit_after_run   # the process group of the runs trained here
+    exit_after_run(main())

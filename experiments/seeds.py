@@ -154,4 +154,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if diverged else 0
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from launcher.distributed import exit_after_run   # the process group of the runs trained here
+    exit_after_run(main())

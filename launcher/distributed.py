@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -105,6 +106,15 @@ def _host_memory_group() -> dist.ProcessGroup | None:
     if _gloo_beside_nccl is None:
         _gloo_beside_nccl = dist.new_group(backend="gloo")
     return _gloo_beside_nccl
+
+
+def exit_after_run(code: int) -> None:
+    """End a command that may have trained in this process (launcher.train, a seed study, the demo, a
+    throughput benchmark): its process group first, as shutdown_process_group says why (and NCCL warns
+    at exit when it is left), then the exit code. In-process callers of those mains keep their group
+    (DeepSpeed and the SP-group cache hold it for the next run in the same process)."""
+    shutdown_process_group()
+    sys.exit(code)
 
 
 def shutdown_process_group() -> None:

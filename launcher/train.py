@@ -20,8 +20,8 @@ from launcher import checkpoint, run_identity
 from launcher.config import RunConfig, load_run_config
 from launcher.cpu_memory import reuse_freed_memory
 from launcher.data import Batch, build_batches
-from launcher.distributed import (any_rank, broadcast_object, init_process_group, rank,
-                                  shutdown_process_group, sequence_parallel_group, world_size)
+from launcher.distributed import (any_rank, broadcast_object, exit_after_run, init_process_group, rank,
+                                  sequence_parallel_group, world_size)
 from launcher.engine import build_engine
 from launcher.job_env import ENV_NODE
 from launcher.layout import Layout, resolve_layout
@@ -491,8 +491,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Only when the process ends: in-process callers of main() keep their group (DeepSpeed and
-    # the SP-group cache hold it for the next run in the same process).
-    shutdown_process_group()
-    sys.exit(code)
+    exit_after_run(main())

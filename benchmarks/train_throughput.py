@@ -366,7 +366,8 @@ def table(rows: list[Row]) -> str:
         name = r.config.rsplit("/", 1)[-1].removesuffix(".yaml")
         lines.append(
             f"| {name} | {r.seq_len} x {r.micro_batch} | {r.attention} | {r.compile} | {r.loss} "
-            f"| {r.sync} | {r.engine} | {fmt(r.step_ms, '.2f')} | {fmt(r.tokens_per_s, ',.0f')} | {fmt(speedup, '.3f')} "
+            f"| {r.sync} | {r.engine} | {fmt(r.step_ms, '.2f')} | {fmt(r.tokens_per_s, ',.0f')} "
+            f"| {fmt(speedup, '.3f')} "
             f"| {fmt(r.mfu and 100 * r.mfu, '.1f')}{'%' if r.mfu else ''} "
             f"| {fmt(r.peak_memory_gib, '.2f')} | {fmt(r.first_loss, '.4f')} | {r.error or ''} |")
     return "\n".join(lines)

@@ -276,7 +276,8 @@ def token_y(p, do_c, delta, saved: Saved, s_do):
     docs/kernel-notes.md); in bf16 c changes no bit."""
     ct = compute_dtype(saved.v.dtype)
     s_q = saved.s_q.unsqueeze(-1)   # per q row
-    c = dos_power(s_do, saved.v.dtype)[0].to(ct).repeat_interleave(s_q.shape[-2] // s_do.shape[-1], dim=-1).unsqueeze(-1)
+    c = dos_power(s_do, saved.v.dtype)[0].to(ct)   # per q block
+    c = c.repeat_interleave(s_q.shape[-2] // s_do.shape[-1], dim=-1).unsqueeze(-1)
     do_s = ((do_c * s_q) * c).to(saved.v.dtype).to(ct)
     dp_s = do_s @ saved.v.to(ct).transpose(-1, -2)
     return p * (dp_s - (delta.unsqueeze(-1) * s_q) * c) / c

@@ -83,12 +83,13 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
     and lse2 is lse2 - log2(256), BackwardCall.lse2_p; tile_scales unused). dq_reduce (ws, d=64; a measurement,
     tools.dq_reduce_probe): (an fp32 (B*H*N, D) buffer, zeroed int32 counters (B*H, N/128, 2) or None) into which
     every q block's dK accumulator is added by TMA as a fused backward's dQ partials would be, in a fixed order if
-    the counters are given (dK and dV unchanged); or (an int32 buffer, None, scale): added as int32 round(partial scale); dq_groups > 1: in that
-    many ordered chains, into as many copies of dQ (the buffer's rows and the counters' first dimension dq_groups
-    times as many); dq_product (with an int32 buffer) 1: each partial is first a real INT8 dQ product from shared
-    memory (its operands' values not written: the cost of the product, its wait and conversion), one dQ stage per
-    consumer (shared memory); 2: with X^ made and stored by every block (dkdv_hopper._x_probe); 3: a bf16 product
-    of Y made and stored by every block (dkdv_hopper._y16_probe) and K^T in bf16."""
+    the counters are given (dK and dV unchanged); or (an int32 buffer, None, scale): added as int32
+    round(partial scale); dq_groups > 1: in that many ordered chains, into as many copies of dQ (the buffer's rows
+    and the counters' first dimension dq_groups times as many); dq_product (with an int32 buffer) 1: each partial
+    is first a real INT8 dQ product from shared memory (its operands' values not written: the cost of the product,
+    its wait and conversion), one dQ stage per consumer (shared memory); 2: with X^ made and stored by every block
+    (dkdv_hopper._x_probe); 3: a bf16 product of Y made and stored by every block (dkdv_hopper._y16_probe) and K^T
+    in bf16."""
     b, h, n, d = q8.shape
     tile_rows = dkdv_hopper.ROWS
     if dq_product not in (0, 1, 2, 3):

@@ -236,7 +236,8 @@ def _token_quantize_case() -> dict:
     return {"name": "token_quantize",
             "equal_sim": bool(torch.equal(q8.float(), q_hat)) and bool(torch.equal(kq_s_q, s_q))
             and bool(torch.equal(k8.float(), k_hat)) and bool(torch.equal(kq_s_k, s_k)),
-            "k_equal_across_tiles": bool(torch.equal(one[4], three[4])) and bool(torch.equal(one[6], three[6]))}
+            "k_equal_across_tiles": bool(torch.equal(one[4], three[4])) and bool(torch.equal(one[6], three[6])),
+            "no_k_cols": one[5] is None and three[5] is None and one[1] is not None}
 
 
 def _token_q_in_forward_case() -> dict:
@@ -448,6 +449,12 @@ def test_token_quantiser_matches_simulation(results):
     r = results["token_quantize"]
     assert r["equal_sim"], "the token quantiser's integers or scales differ from the simulation's"
     assert r["k_equal_across_tiles"], "per-token K depends on the launch's tile size"
+
+
+def test_token_quantiser_writes_no_k_transpose(results):
+    """The token backward's dQ is a bf16 product with K itself (simulate.token_dq), and nothing else reads K^T:
+    the quantise launch writes Q^T (dK's operand) but no K^T in the token contract (N x D bytes a head fewer)."""
+    assert results["token_quantize"]["no_k_cols"]
 
 
 def test_token_forward_quantises_q_as_the_quantise_pass_would(results):

@@ -69,7 +69,7 @@ def _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
     def unused(dtype=torch.float32):   # a fresh empty tensor each: op outputs must not alias
         return torch.empty(0, device=q.device, dtype=dtype)
     return (o, lse, q8, q8t if for_backward else unused(torch.int8), s_q, k8,
-            k8t if for_backward else unused(torch.int8), s_k,
+            k8t if (for_backward and k8t is not None) else unused(torch.int8), s_k,   # token: no K^T
             mu_q if smooth_q else unused(), k_mean if smooth_k else unused())
 
 

@@ -165,7 +165,7 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
                 TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS, TOKEN)
     elif k_program:
         _k_tile(K, K_MEAN, K_ROWS, K_COLS, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N, tile, bh,
-                TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, COLS, TOKEN)
+                TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, COLS and not TOKEN, TOKEN)
     else:
         _v_tile(V, V_COLS, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N, tile, bh, TILE, BLOCK_V, HEAD_DIM)
 
@@ -221,7 +221,7 @@ def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS,
             while ready == 0:
                 ready = tl.atomic_add(COUNTERS + 1 + BH + bh, 0, sem="acquire")
             _k_tile(K, K_MEAN, K_ROWS, K_COLS, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N,
-                    slot - CHUNKS - qv, bh, TILE, BLOCK_KV, HEAD_DIM, True, COLS, TOKEN, True)
+                    slot - CHUNKS - qv, bh, TILE, BLOCK_KV, HEAD_DIM, True, COLS and not TOKEN, TOKEN, True)
 
 
 @triton.jit
@@ -376,7 +376,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     """quantize_blocks of q (block_q; Q-smoothing if smooth_q), k (block_kv; minus k_mean if given)
     and v (the forward's kv tile, validate.key_tile; cols only) in one launch: (q8, q8t, s_q,
     mu_q, k8, k8t, s_k, v8t, s_v), the cols of q and k only if `cols` (the backward's operands), else
-    None; `token`: Q and K with one scale per token, s_q and s_k (B,H,N). Bit-identical to three
+    None; `token`: Q and K with one scale per token, s_q and s_k (B,H,N), and no K^T (k8t None: the token
+    backward's dQ is a bf16 product with K itself). Bit-identical to three
     quantize_blocks calls, in one launch instead of three (~50 us of host time each on an H200's
     host). Every program takes a tile of max(block_q, block_kv, V's block) rows: with the smaller blocks'
     programs as launched alone (64 rows, 4 warps at d=128), one launch took the register count
@@ -392,7 +393,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     assert n % block_v == 0, f"sequence length {n} is not a multiple of the forward's kv tile {block_v}"
     if smooth_q and block_q < tile:   # Q-smoothing's block mean needs its block whole
         q8, q8t, s_q, mu_q = quantize_blocks(q, block_q, smooth_block=True, cols=cols, token=token, tuning=tuning)
-        k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=cols, token=token, tuning=tuning)
+        k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=cols and not token, token=token,
+                                          tuning=tuning)
         _, v8t, s_v, _ = quantize_blocks(v, block_v, rows=False, cols=True, tuning=tuning)
         return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
     outputs = _qkv_outputs(q, block_q, block_kv, block_v, smooth_q=smooth_q, cols=cols, token=token)
@@ -400,7 +402,7 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     dummy = s_v   # never dereferenced: the matching constexpr flag is off
     launch("quantize", _quantize_qkv_kernel, (n // tile, b * h, 3 if quantize_q else 2),
         q, k, v, k_mean if k_mean is not None else dummy, q8, q8t if cols else dummy, s_q,
-        mu_q if smooth_q else dummy, k8, k8t if cols else dummy, s_k, v8t, s_v,
+        mu_q if smooth_q else dummy, k8, k8t if k8t is not None else dummy, s_k, v8t, s_v,
         *q.stride(), *k.stride(), *v.stride(), h, n,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None,
         SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, SKIP_Q=not quantize_q, num_warps=_warps(tile, d),
@@ -428,7 +430,7 @@ def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, 
     def f32(*shape):
         return torch.empty(*shape, device=dev, dtype=torch.float32)
     k8, v8t = i8(b, h, n, d), i8(b, h, d, n)
-    k8t = i8(b, h, d, n) if cols else None
+    k8t = i8(b, h, d, n) if (cols and not token) else None   # the token dQ reads K itself (Y K16), not K^T
     s_k = f32(b, h, n) if token else f32(b, h, n // block_kv)
     s_v = f32(b, h, n // block_v)
     q8, q8t = i8(b, h, n, d), i8(b, h, d, n) if cols else None
@@ -494,8 +496,9 @@ def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: b
     per_round = chunks + (n // tile) * (3 if quantize_q else 2)   # chunks, Q and V tiles, K tiles
     dummy = s_v   # never dereferenced: the matching constexpr flag is off
     launch("quantize", _quantize_qkv_mean_kernel, ((b * h + lag) * per_round,),
-        q, k, v, k_mean, q8, q8t if cols else dummy, s_q, mu_q if smooth_q else dummy, k8, k8t if cols else dummy,
-        s_k, v8t, s_v, partial, counters, *q.stride(), *k.stride(), *v.stride(), h, n, b * h, chunks, lag,
+        q, k, v, k_mean, q8, q8t if cols else dummy, s_q, mu_q if smooth_q else dummy, k8,
+        k8t if k8t is not None else dummy, s_k, v8t, s_v, partial, counters, *q.stride(), *k.stride(), *v.stride(),
+        h, n, b * h, chunks, lag,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_Q=smooth_q, COLS=cols,
         TOKEN=token, SKIP_Q=not quantize_q, MEAN_ROWS=rows, MEAN_STEP=step, CHUNKS_P2=triton.next_power_of_2(chunks),
         num_warps=_warps(tile, d), **_pdl(pdl), tuning=tuning)

@@ -74,12 +74,14 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      FP8 dO for dV and of the "block" contract's INT8 dO), V per kv token.
   Not in the default list (``--variants a dpi8 dpf8 dpi8b``).
 
-  dqfix  dQ's sum over key tiles (one tile per program of a fused backward, which adds its partial into dQ by
-     TMA) in int32 fixed point, deterministic in any order: each partial rounded to the quantum u_i =
-     2^ceil(log2(bound_i / 2^30)) of its q row, bound_i = 2 sm_scale ||dO_i|| max_k ||V_k|| max|K^ s_K| >= the
-     row's sum of |partials| (|dS_ik| <= P_ik (|dP_ik| + |delta_i|), both <= ||dO_i|| ||V_k||, P sums to 1),
-     the rounded terms summed exactly. Everything else is variant a. ``fixed_point_headroom`` reports how loose
-     the bound is (bits of precision left) and that no sum leaves int32. Not in the default list.
+  dqfix  the contract's dQ (bf16(Y) K16, simulate.token_dq) summed over 128-key partials (one per program of a
+     fused d=64 backward, which adds its partial into dQ) in int32 fixed point, deterministic in any order: each
+     partial rounded to the quantum u_i = 2^ceil(log2(bound_i / 2^30)) of its q row, bound_i = 2 sm_scale
+     ||dO_i|| max_k ||V_k|| max|K16| >= the row's sum of |partials| (|dS_ik| <= P_ik (|dP_ik| + |delta_i|), both
+     <= ||dO_i|| ||V_k||, P sums to 1; bf16's rounding of Y is far inside the factor 2), the rounded terms summed
+     exactly. Everything else is variant a. ``fixed_point_dq`` reports how loose the bound is (bits of precision
+     left) and that no sum leaves int32. Until 2026-11-28 the partials were x128's (INT8 X^ K^). Not in the
+     default list.
 
   dos  the dK/dV kernel's Y^T = dS^T s_Q with s_Q moved into its dP^T product, so that the kernel reads no
      s_Q or delta s_Q per column (docs/kernel-notes.md, "Fourteenth session": those reads cost the d=64 dK/dV
@@ -113,7 +115,7 @@ from sagebwd.fpa import fpa_attention
 from sagebwd.quant import (E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks,
                            quantize_row_blocks_e4m3, round_to_e4m3)
 from sagebwd.simulate import (SageConfig, backward, compute_dtype, forward, forward_quantized,
-                              scores, smooth, token_dk, token_x_dq, token_x_partials, with_dq_k)
+                              scores, smooth, token_dk, token_x_dq, with_dq_k)
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS, key_tile
 
@@ -138,7 +140,7 @@ VARIANTS = {
     "dpi8": "bwd dP = dO V^T in INT8: dO per q token, V per kv token",
     "dpf8": "bwd dP = dO V^T in FP8 e4m3: dO per q token, V per kv token (amax / 448)",
     "dpi8b": "bwd dP = dO V^T in INT8: dO per (block_q x D) block, V per kv token",
-    "dqfix": "bwd x128's dQ summed over key tiles in int32 fixed point, a power-of-two quantum per q row from a bound",
+    "dqfix": "bwd dQ summed over 128-key partials in int32 fixed point, a power-of-two quantum per q row from a bound",
     "dos": "bwd dK's Y^T from V [dO s_Q | -delta s_Q]^T: dO s_Q in bf16, delta s_Q as hi + lo (no column reads)",
     "y16": "bwd dQ = dS K in bf16 (a fused backward's product): dS unquantised, rounded to bf16, K as given in bf16",
     "y16s": "as y16 with K-smoothing's K - mean rounded to bf16 in K's place",
@@ -358,17 +360,21 @@ def backward_with_dp(saved, do: torch.Tensor, dp: torch.Tensor, cfg: SageConfig)
 
 
 FIXED_BITS = 30   # the bound maps to 2**30 quanta: 2x headroom under int32's 2**31
+FUSED_KV_ROWS = 128   # kv rows of a fused d=64 backward's program: one dQ partial per q row each
 
 
 def fixed_point_dq(saved, inter, do: torch.Tensor, cfg: SageConfig) -> tuple[torch.Tensor, dict]:
     """(dQ of variant dqfix, {"bits_min", "bits_median": precision left per q row, 2^FIXED_BITS over the bound's
     looseness; "peak": the largest row's sum of |rounded partials| over 2^31, which must stay < 1;
     "rel_l2_vs_exact_sum": the fixed-point sum against the partials' exact sum, before dQ's rounding to its dtype})."""
-    d = saved.v.shape[-1]
+    b, h, n, d = saved.v.shape
     sm_scale = 1.0 / math.sqrt(d)
-    ds = _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
-    partials, _ = token_x_partials(ds, saved, key_tile(cfg.quant, cfg.block_kv), cfg, sm_scale)   # (B,H,N,T,D)
-    k = saved.k_hat.double() * saved.s_k.double().unsqueeze(-1)
+    # the contract's dQ terms (simulate.token_dq: bf16(Y) / s_Q, as inter.ds holds it, times K16), summed per
+    # FUSED_KV_ROWS keys: a fused backward program's partial
+    tx = n // FUSED_KV_ROWS
+    partials = torch.einsum("bhqtk,bhtkd->bhqtd", inter.ds.double().reshape(b, h, n, tx, FUSED_KV_ROWS),
+                            saved.dq_k.double().reshape(b, h, tx, FUSED_KV_ROWS, d)) * sm_scale   # (B,H,N,T,D)
+    k = saved.dq_k.double()
     head_max = lambda t: t.flatten(2).amax(dim=-1)[..., None]   # noqa: E731  (B,H,1)
     bound = (2 * sm_scale * do.double().norm(dim=-1) * head_max(saved.v.double().norm(dim=-1))
              * head_max(k.abs()))   # (B,H,N)
@@ -425,10 +431,9 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
         elif name in ("y16", "y16s"):
             dq_y, ds_y = _bf16_ds_dq(saved, inter, q, k, cfg, smoothed=name == "y16s")
             out[name] = {**base, "dq": dq_y, "ds": ds_y}
-        elif name == "dqfix":   # x128's dQ, summed in fixed point
+        elif name == "dqfix":   # the contract's dQ, summed in fixed point
             dq_f, stats = fixed_point_dq(saved, inter, do, cfg)
-            out[name] = {**base, "dq": dq_f, "ds": _tiled_x_dq(saved, inter, cfg, key_tile(cfg.quant, cfg.block_kv))[1],
-                         "stats": stats}
+            out[name] = {**base, "dq": dq_f, "stats": stats}
         elif name == "dos":   # dK only: dQ, dV and dS as the contract's
             assert saved.mu_q is None, "variant dos is studied without Q-smoothing"
             out[name] = {**base, "dk": prescaled_do_dk(saved, inter, do, cfg)}

@@ -373,3 +373,18 @@ def test_kernel_choice_check_traces_without_dynamo_warnings():
     assert not [w for w in caught if "lru_cache" in str(w.message)], [str(w.message) for w in caught]
     with pytest.raises(Exception, match="glon"):
         torch.compile(lambda x: checked(x, "dkdv=glon"), backend="eager", fullgraph=True)(torch.ones(3))
+
+
+def test_token_dq_without_k_is_refused_with_a_fix():
+    """The token contract's dQ is a bf16 product with K itself: the simulation's backward refuses a Saved without it
+    (simulate.with_dq_k adds it), and the kernels' backward refuses a call without k, each saying what to pass."""
+    from sagebwd.triton import backward as kb
+    q, k, v, do = qkvdo(1, 1, 128, 64, dtype=torch.float32)
+    cfg = SageConfig(causal=True, quant="token")
+    _, saved = forward(q, k, v, cfg)
+    with pytest.raises(ValueError, match="needs K in bf16.*with_dq_k"):
+        backward(saved._replace(dq_k=None), do, cfg)
+    x = torch.zeros(1, 1, 128, 64)
+    with pytest.raises(ValueError, match="pass k"):
+        kb.backward(x, None, None, None, x, None, None, None, None, None, x, None, causal=True, smooth_k=True,
+                    block_q=128, block_kv=64, quant="token")

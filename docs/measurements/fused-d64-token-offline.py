@@ -1,5 +1,6 @@
 """The prepared fused d=64 token backward (trial-fused-d64-token.patch) built offline for sm_90: shared memory,
-registers, spills, local accesses in loops, and the unmasked loop's SASS per score element (docs/kernel-notes.md,
+registers, spills, local accesses in loops, and the unmasked loop's SASS per score element; and the same counts for
+the sixteenth session's probe it is built on (dkdv_launches with dq_product 3, causal) (docs/kernel-notes.md,
 "Seventeenth session"). Run in a tree with the patch applied (it calls hopper.run_fused_token), Triton 3.6.0:
 
     PYTHONPATH=<triton 3.6 site>:. python docs/measurements/fused-d64-token-offline.py
@@ -40,3 +41,13 @@ for causal in (True, False):
         row["per_element"] = round(sass_mix.loop_mix(sass, name, constexprs, kwargs.get("num_warps", 4))
                                    ["per_element"], 2)
     print(row)
+
+probe_call = call(True)
+c = probe_call
+buffer = torch.zeros(b * h * n, d, dtype=torch.int32)
+for name, kernel, grid, args, kwargs in hopper.dkdv_launches(
+        c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do_s, c.do8t, c.s_do, c.lse2_p, c.delta_sq, c.tile_scales, c.dk, c.dv,
+        causal=True, block_q=128, ws=True, token=True, dq_reduce=(buffer, None, 1.0), dq_product=3):
+    built = compile_recorded(kernel, args, kwargs)
+    print({"probe": "y16", "causal": True, "shared": built.metadata.shared, **_resource_usage(built.asm["cubin"]),
+           "local_ops_in_loops": sass_mix.local_memory_in_loops(sass_mix.disassemble(built.asm["cubin"]))})

@@ -52,7 +52,7 @@ def dos_power(s_do: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
     range for any s_Q an fp16 Q can have (at most 65504 / 127), where dO s_Q itself underflows once |dO| s_Q <
     2^-14. In any other dtype c = 1: bf16 has fp32's exponent range (and a power of two would change no bit of Y's
     integers or of dK there), so its kernels keep their instructions. c comes from s_do's bits, as the kernels
-    take it (_common.dos_power, dkdv_hopper._dos_power), so that no tensor carries it."""
+    take it (_common.dos_power, the Triton and Gluon kernels' alike), so that no tensor carries it."""
     if dtype != torch.float16:
         one = torch.ones_like(s_do, dtype=torch.float32)
         return one, one

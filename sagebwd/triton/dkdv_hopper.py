@@ -51,6 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .. import quant
+from ._common import dos_power   # a triton.jit helper: callable from Gluon (scalar arithmetic)
 
 G_MAGIC_F = gl.constexpr(12582912.0)   # 1.5 * 2**23: see _common.MAGIC_F
 G_DS_SPAN = gl.constexpr(254.0)   # see _common.saturated_ds_to_int8
@@ -468,17 +469,6 @@ def _rows_dot(x_a, x_b, inv, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_
 
 
 @gluon.jit
-def _dos_power(s_do, FP16: gl.constexpr):
-    """sagebwd.quant.dos_power from s_dO's bits: (c, 1 / c), powers of two (the token contract's dO s_Q and delta s_Q
-    carry c); (1, 1) unless FP16 (dO's dtype)."""
-    if FP16:
-        e = (s_do.to(gl.int32, bitcast=True) >> 23) & 0xFF
-        return ((251 - e) << 23).to(gl.float32, bitcast=True), ((e + 3) << 23).to(gl.float32, bitcast=True)
-    else:
-        return 1.0, 1.0
-
-
-@gluon.jit
 def _row_scales(amax):
     """backward.py's tile_scales(amax, False) per kv row (the token contract's Y^T scales): the
     scale by a multiply with fl(1/127), 1/scale by the approximate division, 0 for an all-zero row."""
@@ -648,7 +638,7 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         y_scale, y_inv = _row_scales(y_max)
         # the ring's dO s_Q and delta s_Q carry the block's c (backward_preprocess; 1 unless fp16): Y^T came out c
         # times, so its scale takes 1 / c (exact: a power of two), one multiply per row
-        y_scale = y_scale * _dos_power(s_do, do_smem.dtype == gl.float16)[1]
+        y_scale = y_scale * dos_power(s_do, do_smem.dtype == gl.float16)[1]
         dk_int = _rows_dot(p_a if HAS_A else y_b, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, HAS_A,
                            SLICE, BLOCKED, False)
         if DQ_MODE == PRODUCT_Y16_DQ:

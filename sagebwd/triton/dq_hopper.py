@@ -58,8 +58,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from ._common import program_tile
-from .dkdv_hopper import _dos_power, _int8_bits, _seq_copy, as_a_operand
+from ._common import dos_power, program_tile
+from .dkdv_hopper import _int8_bits, _seq_copy, as_a_operand
 
 Q_ROWS = 128    # q rows per program = block_q
 KV_ROWS = 64    # kv rows per tile = block_kv; tiles come in pairs (one TMA stage)
@@ -430,7 +430,7 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
 
     offs_r = start_m + OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
     if TOKEN:   # the rows' 1 / s_Q and the block's 1 / c, once, as backward.py's: Y's scale is constant along the keys
-        q_c = gl.load(SQ + row0 + offs_r) * _dos_power(gl.load(SDO + bh * (N // Q_ROWS) + pid_m),
+        q_c = gl.load(SQ + row0 + offs_r) * dos_power(gl.load(SDO + bh * (N // Q_ROWS) + pid_m),
                                                        do_smem.dtype == gl.float16)[0]
         dq = dq * (sm_scale / q_c)[:, None]
     else:

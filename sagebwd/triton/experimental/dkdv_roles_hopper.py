@@ -27,7 +27,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .. import hopper
-from ..dkdv_hopper import (BOTH, G_P_E4M3_SCALE, _allocate, _allocate_token, _cta_barrier, _dos_power, _release,
+from .._common import dos_power
+from ..dkdv_hopper import (BOTH, G_P_E4M3_SCALE, _allocate, _allocate_token, _cta_barrier, _release,
                            _row_scales, _rows, _rows_dot, _slice_vector, _token_probs, _token_y, kv_tile_layouts)
 from ..dkdv_ws_hopper import PRODUCER_REGS, _producer, ring_barriers
 from ..launch import launch
@@ -93,7 +94,7 @@ def _p_role(k_smem, q_smem, dot_smem, lse_smem, sq_smem, p_smem, kv_bar, full, e
 def _y_role(v_tile, do_smem, qt_smem, delta_smem, sq_smem, p_smem, kv_bar, full, empty, p_full, p_empty, DK_bh,
             stride_gn, start_n, n_blocks, sm_scale, SDO_bh, first, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
     """Warpgroup 1: dP^T of each q block, P^T from warpgroup 0, Y^T, its row scales, dK (s_dO of block first + r
-    gives the power of two its dO s_Q and delta s_Q carry, dkdv_hopper._dos_power)."""
+    gives the power of two its dO s_Q and delta s_Q carry, _common.dos_power)."""
     s_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[0]
     dp_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[1]
     acc_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[2]
@@ -123,8 +124,8 @@ def _y_role(v_tile, do_smem, qt_smem, delta_smem, sq_smem, p_smem, kv_bar, full,
         y_scale, y_inv = _row_scales(gl.maximum(gl.max(gl.abs(y_a), axis=1), gl.max(gl.abs(y_b), axis=1)))
         dk_int = _rows_dot(y_a, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, True, SLICE, True, False)
         dk_int = warpgroup_mma_wait(0, deps=[dk_int])
-        if do_smem.dtype == gl.float16:   # dO s_Q and delta s_Q carry c (dkdv_hopper._dos_power)
-            y_scale = y_scale * _dos_power(gl.load(SDO_bh + first + r), True)[1]
+        if do_smem.dtype == gl.float16:   # dO s_Q and delta s_Q carry c (_common.dos_power)
+            y_scale = y_scale * dos_power(gl.load(SDO_bh + first + r), True)[1]
         dk += dk_int.to(gl.float32) * gl.convert_layout(y_scale, gl.SliceLayout(1, acc_layout))[:, None]
         _release(empty, 2 * slot)
     offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))

@@ -393,7 +393,7 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     assert n % block_v == 0, f"sequence length {n} is not a multiple of the forward's kv tile {block_v}"
     if smooth_q and block_q < tile:   # Q-smoothing's block mean needs its block whole
         q8, q8t, s_q, mu_q = quantize_blocks(q, block_q, smooth_block=True, cols=cols, token=token, tuning=tuning)
-        k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=cols and not token, token=token,
+        k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=writes_k_cols(cols, token), token=token,
                                           tuning=tuning)
         _, v8t, s_v, _ = quantize_blocks(v, block_v, rows=False, cols=True, tuning=tuning)
         return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
@@ -408,6 +408,13 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
         SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, SKIP_Q=not quantize_q, num_warps=_warps(tile, d),
         **_pdl(pdl), tuning=tuning)
     return outputs
+
+
+def writes_k_cols(cols: bool, token: bool) -> bool:
+    """Whether the quantise launch writes K^T: for the backward (cols), in the block contract only; the token
+    backward's dQ reads K itself (Y K16, simulate.token_dq) and nothing else reads K^T. The kernels take the same
+    rule as COLS and not TOKEN for K's tiles."""
+    return cols and not token
 
 
 def _qkv_tile(block_q: int, block_kv: int, token: bool) -> tuple[int, int]:
@@ -430,7 +437,7 @@ def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, 
     def f32(*shape):
         return torch.empty(*shape, device=dev, dtype=torch.float32)
     k8, v8t = i8(b, h, n, d), i8(b, h, d, n)
-    k8t = i8(b, h, d, n) if (cols and not token) else None   # the token dQ reads K itself (Y K16), not K^T
+    k8t = i8(b, h, d, n) if writes_k_cols(cols, token) else None
     s_k = f32(b, h, n) if token else f32(b, h, n // block_kv)
     s_v = f32(b, h, n // block_v)
     q8, q8t = i8(b, h, n, d), i8(b, h, d, n) if cols else None

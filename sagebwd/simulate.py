@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from .quant import (P_E4M3_SCALE, QMAX, dequantize_groups, dequantize_tiles, dos_power, quantize_groups,
+from .quant import (P_E4M3_SCALE, QMAX, dequantize_tiles, dos_power, quantize_groups,
                     quantize_row_blocks, quantize_row_blocks_e4m3, quantize_tiles, round_to_e4m3)
 from .validate import QUANT_CONTRACTS, key_tile
 
@@ -241,29 +241,6 @@ def token_dq(y, saved: Saved, sm_scale: float, quantize: bool = True):
     dq = (y16 @ saved.dq_k.to(ct)) * (sm_scale / s_q)
     return dq, lambda: torch.where(s_q > 0, y16 / torch.where(s_q > 0, s_q, torch.ones_like(s_q)),
                                    torch.zeros_like(y16))
-
-
-def token_x_dq(ds, saved: Saved, keys: int, cfg: SageConfig, sm_scale: float):
-    """The token contract's dQ = dS K: X = dS s_K (K's token scale moved into dS, since it runs along the sum)
-    quantised per (q token, tile of `keys` keys), times K^. Returns dQ and, as a callable, dS as dQ sees it.
-    The contract's tile is validate.key_tile's; tools.quant_study's x64 passes block_kv."""
-    partials, ds_seen = token_x_partials(ds, saved, keys, cfg, sm_scale)
-    return partials.sum(dim=-2), ds_seen
-
-
-def token_x_partials(ds, saved: Saved, keys: int, cfg: SageConfig, sm_scale: float):
-    """token_x_dq's terms before their sum over key tiles: (B, H, N, N / keys, D), and dS as dQ sees it."""
-    b, h, n, d = saved.v.shape
-    tx = n // keys
-    s_k = saved.s_k.unsqueeze(-2)   # per kv column
-    x_hat, s_x = quantize_groups(ds * s_k, keys, -1, cfg.quantize)   # s_x (B,H,N,Tx)
-    xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tx, keys), saved.k_hat.reshape(b, h, tx, keys, d))
-    partials = xk * s_x[..., None] * sm_scale
-
-    def ds_seen():
-        x = dequantize_groups(x_hat, s_x, keys, -1)
-        return torch.where(s_k > 0, x / torch.where(s_k > 0, s_k, torch.ones_like(s_k)), torch.zeros_like(x))
-    return partials, ds_seen
 
 
 def token_y(p, do_c, delta, saved: Saved, s_do):

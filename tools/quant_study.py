@@ -115,7 +115,7 @@ from sagebwd.fpa import fpa_attention
 from sagebwd.quant import (E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks,
                            quantize_row_blocks_e4m3, round_to_e4m3)
 from sagebwd.simulate import (SageConfig, backward, compute_dtype, forward, forward_quantized,
-                              scores, smooth, token_dk, token_x_dq, with_dq_k)
+                              scores, smooth, token_dk, with_dq_k)
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS, key_tile
 
@@ -275,11 +275,19 @@ def _tiled_pv_output(saved, cfg: SageConfig, tile: int, v_per_channel: bool):
 
 
 def _tiled_x_dq(saved, inter, cfg: SageConfig, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dQ, dS as it consumes it) with X = dS s_K INT8 per (q token, tile of `keys` keys) times K^ (variants x128:
-    the forward's key tile, validate.key_tile; x64: block_kv)."""
+    """(dQ, dS as it consumes it) with X = dS s_K (K's token scale moved into dS, since it runs along the sum) INT8
+    per (q token, tile of `keys` keys) times K^: the token contract's dQ until 2026-11-28 (variants x128: the
+    forward's key tile, validate.key_tile; x64: block_kv)."""
+    b, h, n, d = saved.v.shape
     ds = _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
-    dq, ds_seen = token_x_dq(ds, saved, keys, cfg, 1.0 / math.sqrt(saved.v.shape[-1]))
-    return dq.to(saved.v.dtype), ds_seen()
+    tx = n // keys
+    s_k = saved.s_k.unsqueeze(-2)   # per kv column
+    x_hat, s_x = quantize_groups(ds * s_k, keys, -1, cfg.quantize)   # s_x (B,H,N,Tx)
+    xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tx, keys), saved.k_hat.reshape(b, h, tx, keys, d))
+    dq = (xk * s_x[..., None] * (1.0 / math.sqrt(d))).sum(dim=-2)
+    x = dequantize_groups(x_hat, s_x, keys, -1)
+    ds_seen = torch.where(s_k > 0, x / torch.where(s_k > 0, s_k, torch.ones_like(s_k)), torch.zeros_like(x))
+    return dq.to(saved.v.dtype), ds_seen
 
 
 def _bf16_ds_dq(saved, inter, q, k, cfg: SageConfig, smoothed: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -150,8 +150,11 @@ def _opcheck_case() -> dict:
     from sagebwd.triton import ops  # noqa: F401  (registers the ops)
 
     q, k, v = [torch.randn(1, 1, 128, 64).half().requires_grad_() for _ in range(3)]
-    torch.library.opcheck(torch.ops.sagebwd_triton.forward.default, (q, k, v, True, True, True, 128, 64, False, True),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    # both contracts: their outputs differ in shape (the token contract's s_Q and s_K per token, no K^T)
+    for smooth_q, token in ((True, False), (False, True)):
+        torch.library.opcheck(torch.ops.sagebwd_triton.forward.default,
+                              (q, k, v, True, True, smooth_q, 128, 64, token, True),
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
     return {"name": "opcheck", "ok": True}
 
 

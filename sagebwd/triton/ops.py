@@ -86,10 +86,12 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 def _forward_fake(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, for_backward, kernels="default"):
     b, h, n, d = q.shape
     i8, f32 = torch.int8, torch.float32
-    t = (q.new_empty((b, h, d, n), dtype=i8) if for_backward else q.new_empty((0,), dtype=i8))
+    def transposed(written: bool):   # an INT8 copy in k order, or the empty placeholder
+        return q.new_empty((b, h, d, n) if written else (0,), dtype=i8)
     return (empty_in_layout_of(q, q.dtype), q.new_empty((b, h, n), dtype=f32),
-            q.new_empty((b, h, n, d), dtype=i8), t, q.new_empty((b, h, n if token else n // block_q), dtype=f32),
-            q.new_empty((b, h, n, d), dtype=i8), t.new_empty(t.shape),
+            q.new_empty((b, h, n, d), dtype=i8), transposed(for_backward),
+            q.new_empty((b, h, n if token else n // block_q), dtype=f32),
+            q.new_empty((b, h, n, d), dtype=i8), transposed(_quant.writes_k_cols(for_backward, token)),
             q.new_empty((b, h, n if token else n // block_kv), dtype=f32),
             q.new_empty((b, h, n // block_q, d), dtype=f32) if smooth_q else q.new_empty((0,), dtype=f32),
             q.new_empty((b * h, d), dtype=f32) if smooth_k else q.new_empty((0,), dtype=f32))

@@ -1,0 +1,43 @@
+"""Kernel-only timing of the fused d=64 token backward (docs/measurements/trial-fused-d64-token.patch) on a GPU: the
+fused launch with its factors and buffer prepared, its parts (zeroing, factors, conversion: torch), the whole of
+hopper.run_fused_token, and the two kernels it replaces, on the same operands. Run in a tree with the patch applied
+(`bash docs/measurements/gpu-calls-h200-1128h.sh prepare`, then its `fused` call):
+
+    cd .gpu/fused && PYTHONPATH=$PWD python3 ../../docs/measurements/fused-d64-token-timing.py TAG
+"""
+import sys
+import torch, triton
+from sagebwd.triton import hopper
+from sagebwd.triton.launch import launch
+from tools.dq_add_bench import token_backward_call
+
+tag = sys.argv[1]
+bench = lambda f: triton.testing.do_bench(f, return_mode="median")
+for shape in [(4, 12, 4096, 64), (8, 16, 4096, 64)]:
+    for causal in (True, False):
+        c = token_backward_call(*shape, causal=causal)
+        b, h, n, d = shape
+        factor, u = hopper.fused_dq_factors(c)
+        buffer = torch.zeros(b * h * n, d, device="cuda", dtype=torch.int32)
+        k16 = c.k.to(torch.bfloat16)
+        launches = hopper.dkdv_launches(
+            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do_s, c.do8t, c.s_do, c.lse2_p, c.delta_sq, c.tile_scales, c.dk,
+            c.dv, causal=c.causal, block_q=c.block_q, ws=True, token=True, dq_reduce=(buffer, None, factor),
+            dq_product=4, dq_k16=k16)
+
+        def kern():
+            for name, kernel, grid, args, kwargs in launches:
+                launch(name, kernel, grid, *args, **kwargs)
+        two = bench(lambda: (hopper.run_dq(c, ws=True), hopper.run_dkdv(c, ws=True)))
+        dkdv = bench(lambda: hopper.run_dkdv(c, ws=True))
+        dq = bench(lambda: hopper.run_dq(c, ws=True))
+        ref = c.dq.clone()
+        k_only = bench(kern)
+        zero = bench(lambda: buffer.zero_())
+        fac = bench(lambda: hopper.fused_dq_factors(c))
+        conv = bench(lambda: c.dq.copy_(buffer.view(b, h, n, d) * u[..., None]))
+        whole = bench(lambda: hopper.run_fused_token(c))
+        err = ((c.dq.float() - ref.float()).norm() / ref.float().norm()).item()
+        print(f"[{tag}] {shape} causal={causal}: dq {dq:.3f} dkdv {dkdv:.3f} two {two:.3f} | fused kernel {k_only:.3f} "
+              f"({k_only / two - 1:+.1%}) zero {zero:.3f} factors {fac:.3f} convert {conv:.3f} whole {whole:.3f} "
+              f"| dq rel err vs Gluon dq {err:.2e}", flush=True)

@@ -54,5 +54,7 @@ PY
   table)     # call 5 (1bc4c09): fwd+bwd, both contracts
     python3 -m benchmarks.attention --baselines FLASH CUDNN --shapes 8,16,4096,64 8,8,4096,128 \
       --json $OUT/bench-h200-1128h.json ;;
-  *) echo "usage: bash $0 prepare|fused|nokt|tests|pairs|table" >&2; exit 2 ;;
+  ring)      # call 6: the d=64 token dK/dV's ring one q block shallower, default and fused kernels
+    (cd .gpu/fused && PYTHONPATH=$PWD timeout 180 python3 ../../docs/measurements/fused-d64-token-timing.py --ring) ;;
+  *) echo "usage: bash $0 prepare|fused|nokt|tests|pairs|table|ring" >&2; exit 2 ;;
 esac

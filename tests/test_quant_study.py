@@ -282,3 +282,19 @@ def test_y16_changes_only_dq_and_is_a_bf16_product_of_ds():
     err = {n: ((out[n]["dq"].float() - ref).norm() / ref.norm()).item() for n in ("a", "x128", "y16", "y16s")}
     assert err["y16"] < 0.8 * err["x128"] and abs(err["y16s"] - err["y16"]) < 0.1 * err["y16"], err
     assert abs(err["a"] - err["y16"]) < 0.1 * err["y16"], err
+
+
+def test_dk16_moves_only_dk_and_brings_it_closer_to_fpa():
+    """dk16 / dk16q (dK as a bf16 product: bf16(dS)^T Q, or bf16(dS s_Q)^T Q^): only dK moves against a, and at
+    sigma 1, where P and dS's INT8 rounding dominate dK's error, it comes closer to FPA than a's INT8 product."""
+    from sagebwd.fpa import fpa_attention
+    q, k, v, do = gaussian_inputs(1.0, 1, 2, 256, 64, 0)
+    cfg = SageConfig(causal=True, block_q=64, block_kv=32, quant="token")
+    out = run_variants(q, k, v, do, cfg, ["a", "dk16", "dk16q"])
+    ref = fpa_attention(q, k, v, do, causal=True).dk.double()
+
+    def err(dk):
+        return float((dk.double() - ref).norm() / ref.norm())
+    for name in ("dk16", "dk16q"):
+        assert all(torch.equal(out[name][c], out["a"][c]) for c in ("o", "dq", "dv", "ds")), name
+        assert err(out[name]["dk"]) < 0.8 * err(out["a"]["dk"]), (name, err(out[name]["dk"]), err(out["a"]["dk"]))

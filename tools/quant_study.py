@@ -144,6 +144,8 @@ VARIANTS = {
     "dos": "bwd dK's Y^T from V [dO s_Q | -delta s_Q]^T: dO s_Q in bf16, delta s_Q as hi + lo (no column reads)",
     "y16": "bwd dQ = dS K in bf16 (a fused backward's product): dS unquantised, rounded to bf16, K as given in bf16",
     "y16s": "as y16 with K-smoothing's K - mean rounded to bf16 in K's place",
+    "dk16": "bwd dK = dS^T Q in bf16: dS unquantised, rounded to bf16, Q as given in bf16 (no s_Q, no Q^)",
+    "dk16q": "bwd dK = Y^T Q^ in bf16: Y = dS s_Q rounded to bf16, Q^ the integers (exact in bf16)",
 }
 DP_VARIANTS = ("dpi8", "dpf8", "dpi8b")
 WIDE_TILE = 128   # keys one INT8 product P^ V^ spans in p128 / p128vc
@@ -303,6 +305,19 @@ def _bf16_ds_dq(saved, inter, q, k, cfg: SageConfig, smoothed: bool) -> tuple[to
     return dq.to(saved.v.dtype), ds16.to(saved.v.dtype)
 
 
+def _bf16_dk(saved, inter, q, cfg: SageConfig, integer_q: bool) -> torch.Tensor:
+    """dK as a bf16 product summed in fp64 (variants dk16, dk16q): sm_scale bf16(dS)^T Q16 with Q as given in
+    bf16 (dK = dS^T Q holds with Q-smoothing too: its bias is added in full precision), or (integer_q)
+    sm_scale bf16(dS s_Q)^T Q^ with the contract's integer Q^ (exact in bf16)."""
+    ds = _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
+    if integer_q:
+        y16 = (ds * saved.s_q.unsqueeze(-1)).to(torch.bfloat16)
+        dk = torch.einsum("bhqk,bhqd->bhkd", y16.double(), saved.q_hat.double())
+    else:
+        dk = torch.einsum("bhqk,bhqd->bhkd", ds.to(torch.bfloat16).double(), q.to(torch.bfloat16).double())
+    return (dk / math.sqrt(saved.v.shape[-1])).to(saved.v.dtype)
+
+
 def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(dQ, dS as it consumes it) with K^ quantised per channel over the whole sequence (one scale c_d
     per head and channel, after K-smoothing) instead of per token: dS then needs no s_K folded in,
@@ -439,6 +454,8 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
         elif name in ("y16", "y16s"):
             dq_y, ds_y = _bf16_ds_dq(saved, inter, q, k, cfg, smoothed=name == "y16s")
             out[name] = {**base, "dq": dq_y, "ds": ds_y}
+        elif name in ("dk16", "dk16q"):   # dK only
+            out[name] = {**base, "dk": _bf16_dk(saved, inter, q, cfg, integer_q=name == "dk16q")}
         elif name == "dqfix":   # the contract's dQ, summed in fixed point
             dq_f, stats = fixed_point_dq(saved, inter, do, cfg)
             out[name] = {**base, "dq": dq_f, "stats": stats}

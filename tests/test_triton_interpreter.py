@@ -150,11 +150,18 @@ def _opcheck_case() -> dict:
     from sagebwd.triton import ops  # noqa: F401  (registers the ops)
 
     q, k, v = [torch.randn(1, 1, 128, 64).half().requires_grad_() for _ in range(3)]
-    # both contracts: their outputs differ in shape (the token contract's s_Q and s_K per token, no K^T)
+    do = torch.randn(1, 1, 128, 64).half()
+    # both contracts: their outputs differ in shape (the token contract's s_Q and s_K per token, no K^T); the
+    # backward op on what each forward returned
     for smooth_q, token in ((True, False), (False, True)):
-        torch.library.opcheck(torch.ops.sagebwd_triton.forward.default,
-                              (q, k, v, True, True, smooth_q, 128, 64, token, True),
+        flags = (True, True, smooth_q, 128, 64, token)
+        torch.library.opcheck(torch.ops.sagebwd_triton.forward.default, (q, k, v, *flags, True),
                               test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+        with torch.no_grad():
+            o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = ops._forward_impl(q, k, v, *flags, True)
+        torch.library.opcheck(torch.ops.sagebwd_triton.backward.default,
+                              (do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v.detach(), k.detach(), mu_q, k_mean, *flags),
+                              test_utils=("test_schema", "test_faketensor"))
     return {"name": "opcheck", "ok": True}
 
 

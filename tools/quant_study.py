@@ -181,6 +181,11 @@ def _backward_p(saved, cfg: SageConfig) -> torch.Tensor:
     return torch.exp(s - saved.lse.unsqueeze(-1))
 
 
+def _backward_ds(saved, inter, cfg: SageConfig) -> torch.Tensor:
+    """dS = P (dP - delta), unquantised, from the simulation's backward P and intermediates."""
+    return _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
+
+
 def _fp8_dv(saved, do: torch.Tensor, cfg: SageConfig, do_per_token: bool = False, fp8_p: bool = True,
             fp8_do: bool = True) -> torch.Tensor:
     b, h, n, d = saved.v.shape
@@ -281,7 +286,7 @@ def _tiled_x_dq(saved, inter, cfg: SageConfig, keys: int) -> tuple[torch.Tensor,
     per (q token, tile of `keys` keys) times K^: the token contract's dQ until 2026-11-28 (variants x128: the
     forward's key tile, validate.key_tile; x64: block_kv)."""
     b, h, n, d = saved.v.shape
-    ds = _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
+    ds = _backward_ds(saved, inter, cfg)
     tx = n // keys
     s_k = saved.s_k.unsqueeze(-2)   # per kv column
     x_hat, s_x = quantize_groups(ds * s_k, keys, -1, cfg.quantize)   # s_x (B,H,N,Tx)
@@ -295,7 +300,7 @@ def _tiled_x_dq(saved, inter, cfg: SageConfig, keys: int) -> tuple[torch.Tensor,
 def _bf16_ds_dq(saved, inter, q, k, cfg: SageConfig, smoothed: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dQ, dS as it consumes it) with dQ = sm_scale bf16(dS) K16 summed in fp64 (variants y16, y16s): K16 is K
     rounded to bf16, or K - mean (K-smoothing's) rounded so when smoothed."""
-    ds16 = (_backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))).to(torch.bfloat16)
+    ds16 = _backward_ds(saved, inter, cfg).to(torch.bfloat16)
     k_used = k
     if smoothed:
         ct = compute_dtype(q.dtype)
@@ -309,7 +314,7 @@ def _bf16_dk(saved, inter, q, cfg: SageConfig, integer_q: bool) -> torch.Tensor:
     """dK as a bf16 product summed in fp64 (variants dk16, dk16q): sm_scale bf16(dS)^T Q16 with Q as given in
     bf16 (dK = dS^T Q holds with Q-smoothing too: its bias is added in full precision), or (integer_q)
     sm_scale bf16(dS s_Q)^T Q^ with the contract's integer Q^ (exact in bf16)."""
-    ds = _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
+    ds = _backward_ds(saved, inter, cfg)
     if integer_q:
         y16 = (ds * saved.s_q.unsqueeze(-1)).to(torch.bfloat16)
         dk = torch.einsum("bhqk,bhqd->bhkd", y16.double(), saved.q_hat.double())
@@ -327,7 +332,7 @@ def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> tuple[torch.Tensor, to
     tn, bk = n // cfg.block_kv, cfg.block_kv
     ct = compute_dtype(q.dtype)
     _, k_sm, _ = smooth(q.to(ct), k.to(ct), cfg)
-    ds = _backward_p(saved, cfg) * (inter.dp - inter.delta.unsqueeze(-1))
+    ds = _backward_ds(saved, inter, cfg)
     x_hat, s_x = quantize_groups(ds, bk, -1, cfg.quantize)                 # s_x (B,H,N,Tn)
     kc_hat, c = quantize_groups(k_sm, n, -2, cfg.quantize)                  # c (B,H,1,D)
     xk = torch.einsum("bhqtk,bhtkd->bhqtd", x_hat.reshape(b, h, n, tn, bk), kc_hat.reshape(b, h, tn, bk, d))

@@ -70,6 +70,8 @@ def ring_depths(c, shape, causal: bool) -> str:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: fused-d64-token-timing.py TAG | --ring (run in a tree with the fused patch applied)")
     for shape in SHAPES:
         for causal in (True, False):
             call = token_backward_call(*shape, causal=causal)

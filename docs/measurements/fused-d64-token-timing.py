@@ -11,12 +11,15 @@ prepare`, then its `fused` and `ring` calls):
 """
 import sys
 
-import torch
-import triton
+if __name__ == "__main__" and len(sys.argv) != 2:
+    raise SystemExit("usage: fused-d64-token-timing.py TAG | --ring (run in a tree with the fused patch applied)")
 
-from sagebwd.triton import dkdv_ws_hopper, hopper
-from sagebwd.triton.launch import launch
-from tools.dq_add_bench import token_backward_call
+import torch  # noqa: E402 (after the usage check)
+import triton  # noqa: E402
+
+from sagebwd.triton import dkdv_ws_hopper, hopper  # noqa: E402
+from sagebwd.triton.launch import launch  # noqa: E402
+from tools.dq_add_bench import token_backward_call  # noqa: E402
 
 SHAPES = [(4, 12, 4096, 64), (8, 16, 4096, 64)]
 
@@ -70,8 +73,6 @@ def ring_depths(c, shape, causal: bool) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: fused-d64-token-timing.py TAG | --ring (run in a tree with the fused patch applied)")
     for shape in SHAPES:
         for causal in (True, False):
             call = token_backward_call(*shape, causal=causal)

@@ -38,9 +38,10 @@ from .dkdv_hopper import (DV_ONLY, ORDERED_DQ, PRODUCT_DQ, PRODUCT_Y16_DQ, SCALE
                           _kv_tile, _load_block, _load_kv, _load_slice)
 from .gluon_ext import tma_reduce_add
 
-# Ring depth per pass: q blocks (the dK pass: slice pairs), as many as shared memory holds beside
-# both tiles' K^ and V.
-STAGES = {"dkdv": 3, "dv": 4, "dk": 2}
+# Ring depth per pass: q blocks (the dK pass: slice pairs). The d=128 passes: as many as shared memory holds beside
+# both tiles' K^ and V. The d=64 dK/dV: two, though a third fits; two run 1-2% faster with either contract (H200,
+# docs/kernel-notes.md "Nineteenth session").
+STAGES = {"dkdv": 2, "dv": 4, "dk": 2}
 CONSUMER_REGS = 240   # 2 consumers x 128 threads x 240 + 128 x 24 = the 64 K registers of an SM
 PRODUCER_REGS = 24
 

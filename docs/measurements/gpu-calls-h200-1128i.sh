@@ -1,0 +1,18 @@
+# The nineteenth session's device calls (H200, 2026-11-28). Calls 1-2 ran the eighteenth session's prepared
+# `gpu-next-1128h.sh ring`, then `late` and `lsum` (carry .gpu). Call 3 (this script, carry .gpu after `prepare`):
+# the d=64 dK/dV at ring depth 2 for both contracts, its GPU tests and the fwd+bwd table; call 4 (`tests`).
+set -u
+case "${1:-}" in
+  prepare)   # .gpu/main = the working tree's tracked kernels, tools, benchmarks and tests
+    rm -rf .gpu/main && mkdir -p .gpu/main && git ls-files sagebwd tools benchmarks tests setup.cfg | tar -cf - -T - \
+      | tar -xf - -C .gpu/main ;;
+  ring)      # call 3: the dK/dV tests of both contracts, then fwd+bwd against the baselines
+    (cd .gpu/main && timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
+      -k "token_gluon_dkdv or warp_specialised_kernels_match or matches_simulation or fp16_with_small" | tail -2)
+    (cd .gpu/main && timeout 300 python3 -m benchmarks.attention --baselines FLASH CUDNN \
+      --shapes 8,16,4096,64 8,8,4096,128 --json "$OUT/bench-h200-1128i.json" | tail -40) ;;
+  tests)     # call 4: the same tree's dK/dV tests of both contracts (call 3's timeout stopped them)
+    (cd .gpu/main && timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
+      -k "warp_specialised_kernels_match or token_gluon_dkdv or (matches_simulation and 64)" | tail -4) ;;
+  *) echo "usage: bash $0 prepare|ring|tests" >&2; exit 2 ;;
+esac

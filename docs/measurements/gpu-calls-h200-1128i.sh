@@ -5,7 +5,11 @@ set -u
 case "${1:-}" in
   prepare)   # .gpu/main = the working tree's tracked kernels, tools, benchmarks and tests
     rm -rf .gpu/main && mkdir -p .gpu/main && git ls-files sagebwd tools benchmarks tests setup.cfg | tar -cf - -T - \
-      | tar -xf - -C .gpu/main ;;
+      | tar -xf - -C .gpu/main
+    if [ "${2:-}" = dk16 ]; then   # HEAD with the dk16 probe (offline-built in the eighteenth session)
+      rm -rf .gpu/dk16 && mkdir -p .gpu/dk16 && git archive HEAD sagebwd tools benchmarks tests | tar -x -C .gpu/dk16
+      cp setup.cfg .gpu/dk16/ && (cd .gpu/dk16 && patch -s -p1 < ../../docs/measurements/probe-dkdv-token-dk16.patch)
+    fi ;;
   ring)      # call 3: the dK/dV tests of both contracts, then fwd+bwd against the baselines
     (cd .gpu/main && timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
       -k "token_gluon_dkdv or warp_specialised_kernels_match or matches_simulation or fp16_with_small" | tail -2)
@@ -14,5 +18,9 @@ case "${1:-}" in
   tests)     # call 4: the same tree's dK/dV tests of both contracts (call 3's timeout stopped them)
     (cd .gpu/main && timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
       -k "warp_specialised_kernels_match or token_gluon_dkdv or (matches_simulation and 64)" | tail -4) ;;
-  *) echo "usage: bash $0 prepare|ring|tests" >&2; exit 2 ;;
+  dk16)      # call 5: the dk16 probe's timing (its values are not meaningful): probe-dkdv-token-dk16.patch on
+             # e068ded in .gpu/dk16 (`prepare dk16`), a kernel A/B against .gpu/main
+    timeout 500 python3 -m benchmarks.ab .gpu/main --head .gpu/dk16 --rounds 2 --json "$OUT/ab-token-dk16-probe-h200.json" \
+      -- --no-bench --quant token --kernel-times --kernel-shapes 4,12,4096,64 8,16,4096,64 --kernel-masks causal full ;;
+  *) echo "usage: bash $0 prepare [dk16]|ring|tests|dk16" >&2; exit 2 ;;
 esac

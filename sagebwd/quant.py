@@ -31,9 +31,8 @@ P_E4M3_LOG2 = 8   # the kernels' dK/dV read LSE minus this, so that their exp2 y
 P_E4M3_SCALE = 2.0 ** P_E4M3_LOG2
 
 
-def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):
-    if not enabled:
-        return x, torch.ones_like(x.amax(dim=reduce_dims, keepdim=True))
+def _scaled(x: torch.Tensor, reduce_dims: tuple[int, ...]):
+    """(x * 127 / amax, amax / 127): the values the rounding takes, and the scale."""
     amax = x.abs().amax(dim=reduce_dims, keepdim=True)
     nonzero = amax >= MIN_AMAX
     # Tensor-by-tensor: PyTorch turns a division with a Python scalar into a multiply by a
@@ -41,8 +40,21 @@ def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):
     qmax = torch.full_like(amax, QMAX)
     scale = amax / qmax
     inv = torch.where(nonzero, qmax / torch.where(nonzero, amax, torch.ones_like(amax)), torch.zeros_like(amax))
-    q = torch.round(x * inv).clamp_(-QMAX, QMAX)
-    return q, scale
+    return x * inv, scale
+
+
+def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):
+    if not enabled:
+        return x, torch.ones_like(x.amax(dim=reduce_dims, keepdim=True))
+    scaled, scale = _scaled(x, reduce_dims)
+    return torch.round(scaled).clamp_(-QMAX, QMAX), scale
+
+
+def token_rows_unrounded(x: torch.Tensor, enabled: bool = True) -> torch.Tensor:
+    """x (..., D) in units of its per-token INT8 step, before the rounding (x * 127 / amax of its row, 0 for a row
+    below MIN_AMAX): the token contract's dK operand Q~ takes Q this way, rounded to bf16 (simulate.token_dk).
+    enabled False: x itself (its scales are 1)."""
+    return _scaled(x, (-1,))[0] if enabled else x
 
 
 def dos_power(s_do: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

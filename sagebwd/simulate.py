@@ -22,9 +22,10 @@ block_kv = Bkv rows of K/V; docs/sagebwd.md has the table):
            max(Bkv, 128) keys (validate.key_tile): one INT8 product P^ V^ spans 128 keys.
   backward dV = P^T dO in FP8 e4m3: P with the static scale 1/256 (no maximum: P <= 1), dO per
            (Bq x D) block (amax / 448); the product summed in fp32 per q block (sagebwd.quant);
-           dS for dK = dS^T Q: Y = dS * s_Q per (kv token, q block); dQ = dS K as a 16-bit product:
-           Y rounded to bf16 times K in bf16, divided by s_Q per row (token_dq: no scale to find, so
-           a fused backward can make it from the Y it holds for dK).
+           Y = dS * s_Q (token_y); dK = dS^T Q as a 16-bit product: Y rounded to bf16, transposed, times
+           Q~ = Q / s_Q (Q^ before its rounding) in bf16 (token_dk); dQ = dS K likewise: Y in bf16 times
+           K in bf16, divided by s_Q per row (token_dq). Neither has a scale to find (no maximum), so a
+           fused backward can make both from the Y it holds.
 
 With Q-smoothing the bias sm_scale * mu_i K_sm^T is added to S in full
 precision, and dK gains the bias branch sm_scale * colsum(dS_i)^T mu_i computed
@@ -38,8 +39,8 @@ from typing import NamedTuple
 
 import torch
 
-from .quant import (P_E4M3_SCALE, QMAX, dequantize_tiles, dos_power, quantize_groups,
-                    quantize_row_blocks, quantize_row_blocks_e4m3, quantize_tiles, round_to_e4m3)
+from .quant import (P_E4M3_SCALE, QMAX, dequantize_tiles, dos_power, quantize_groups, quantize_row_blocks,
+                    quantize_row_blocks_e4m3, quantize_tiles, round_to_e4m3, token_rows_unrounded)
 from .validate import QUANT_CONTRACTS, key_tile
 
 
@@ -72,6 +73,7 @@ class Saved(NamedTuple):
     o: torch.Tensor       # (B, H, N, D) input dtype
     lse: torch.Tensor     # (B, H, N) natural-log log-sum-exp
     dq_k: torch.Tensor | None = None   # "token": K as dQ's 16-bit product takes it, in bf16 (token_dq)
+    dk_q: torch.Tensor | None = None   # "token": Q~ = Q / s_Q as dK's 16-bit product takes it, in bf16 (token_dk)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -125,7 +127,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: SageConfig):
     ct = compute_dtype(q.dtype)
     q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)
     o, saved = forward_quantized(*quantize_qk(q_sm, k_sm, cfg), mu_q, k_sm, v, cfg, q.dtype)
-    return o, with_dq_k(saved, k, cfg)
+    return o, with_dk_q(with_dq_k(saved, k, cfg), q_sm, cfg)
 
 
 def with_dq_k(saved: Saved, k: torch.Tensor, cfg: SageConfig) -> Saved:
@@ -134,6 +136,16 @@ def with_dq_k(saved: Saved, k: torch.Tensor, cfg: SageConfig) -> Saved:
     if cfg.quant != "token":
         return saved
     return saved._replace(dq_k=k.detach().to(torch.bfloat16 if cfg.quantize else compute_dtype(k.dtype)))
+
+
+def with_dk_q(saved: Saved, q_sm: torch.Tensor, cfg: SageConfig) -> Saved:
+    """saved with the token contract's dK operand Q~ (token_dk): the smoothed Q in units of its per-token step,
+    unrounded (quant.token_rows_unrounded), in bf16 (in the compute dtype when cfg.quantize is off); the block
+    contract keeps none."""
+    if cfg.quant != "token":
+        return saved
+    q_tilde = token_rows_unrounded(q_sm, cfg.quantize)
+    return saved._replace(dk_q=q_tilde.to(torch.bfloat16) if cfg.quantize else q_tilde)
 
 
 def forward_quantized(q_hat, s_q, k_hat, s_k, mu_q, k_sm, v: torch.Tensor, cfg: SageConfig, out_dtype: torch.dtype):
@@ -263,7 +275,7 @@ def token_y(p, do_c, delta, saved: Saved, s_do):
 def _token_products(p, ds, y, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
     """dV, dQ, dK with every scale along the free axis of its product:
     dV in FP8 (P e4m3 with the static scale 1/256, dO^ e4m3 per block); dQ from Y (y, token_y's) in bf16 with K in
-    bf16 (token_dq); Y = dS s_Q per (kv token, q block) for dK. Returns the dequantised P and dS (dS as dQ sees
+    bf16 (token_dq); dK from the same Y in bf16 with Q~ in bf16 (token_dk). Returns the dequantised P and dS (dS as dQ sees
     it) as callables."""
     b, h, n, d = saved.v.shape
     tm, bq = n // cfg.block_q, cfg.block_q
@@ -280,13 +292,15 @@ def _token_products(p, ds, y, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_sc
 
 
 def token_dk(y, saved: Saved, cfg: SageConfig, sm_scale: float):
-    """The token contract's dK = Y^T Q: Y (dS s_Q, (B,H,N,N), q rows) quantised per (kv token, q block) (s_y
-    (B,H,Tm,N)), each q block's exact integer product with Q^ scaled by its kv rows' s_y, the blocks summed."""
-    b, h, n, d = saved.v.shape
-    tm, bq = n // cfg.block_q, cfg.block_q
-    y_hat, s_y = quantize_groups(y, bq, -2, cfg.quantize)
-    yq = torch.einsum("bhiqn,bhiqd->bhind", y_hat.reshape(b, h, tm, bq, n), saved.q_hat.reshape(b, h, tm, bq, d))
-    return (yq * s_y[..., None] * sm_scale).sum(dim=2)
+    """The token contract's dK = sm_scale bf16(Y)^T Q~ with Y = dS s_Q (token_y's, (B,H,N,N), q rows) and Q~ = Q /
+    s_Q in bf16 (saved.dk_q, with_dk_q): s_Q cancels, and a 16-bit product needs no scale or maximum (the INT8 Y^
+    per (kv token, q block) it replaced: dK's error at sigma 1 about halves, tools.quant_study variant dk16).
+    Summed in the compute dtype (the kernels: fp32, per q block). quantize False: Y unrounded (the formulas)."""
+    if saved.dk_q is None:
+        raise ValueError("the token contract's dK needs Q~ in bf16: Saved.dk_q (simulate.with_dk_q) is None")
+    ct = y.dtype
+    y16 = y.to(torch.bfloat16).to(ct) if cfg.quantize else y
+    return (y16.transpose(-1, -2) @ saved.dk_q.to(ct)) * sm_scale
 
 
 class SimulatedSageBwd(torch.autograd.Function):
@@ -304,7 +318,7 @@ class SimulatedSageBwd(torch.autograd.Function):
         if not ctx.has_mu:
             tensors[4] = tensors[5] = None
         if ctx.cfg.quant != "token":
-            tensors[9] = None   # dq_k
+            tensors[9] = tensors[10] = None   # dq_k, dk_q
         dq, dk, dv = backward(Saved(*tensors), do.contiguous(), ctx.cfg)
         return dq, dk, dv, None
 

@@ -220,11 +220,11 @@ def test_quantized_dp_is_the_scaled_integer_product():
 
 def test_dp_int8_costs_less_than_fp8():
     """Measured (N=256 here; N=1024 in /work/notes/dp-study.md, with dQ's INT8 X^ of then): at sigma 1 INT8 dP adds
-    ~10-15% to a's dK error and, now that dQ's own product is 16-bit, ~40% to its dQ error; FP8 e4m3 dP
-    ~2.5-3x a's."""
+    ~40% to a's dQ and dK errors, now that both products are 16-bit (10-15% to dK's while its Y was INT8); FP8 e4m3
+    dP ~2.5-3x a's."""
     r = study([1.0], ["a", "dpi8", "dpf8"], seq=256, head_dim=64, causal=True)
     a, i8, f8 = (r[n][1.0] for n in ("a", "dpi8", "dpf8"))
-    for c, most in (("dq", 1.6), ("dk", 1.3)):
+    for c, most in (("dq", 1.6), ("dk", 1.6)):
         assert a[c] < i8[c] < most * a[c], c
         assert i8[c] < 0.5 * f8[c], c
 
@@ -285,16 +285,20 @@ def test_y16_changes_only_dq_and_is_a_bf16_product_of_ds():
 
 
 def test_dk16_moves_only_dk_and_brings_it_closer_to_fpa():
-    """dk16 / dk16q (dK as a bf16 product: bf16(dS)^T Q, or bf16(dS s_Q)^T Q^): only dK moves against a, and at
-    sigma 1, where P and dS's INT8 rounding dominate dK's error, it comes closer to FPA than a's INT8 product."""
+    """dk16 / dk16q (dK as a bf16 product: bf16(dS)^T Q, or bf16(dS s_Q)^T Q^) and y8 (the INT8 Y^ the contract had
+    until 2026-11-28): only dK moves against a. At sigma 1, where Y's INT8 rounding dominated dK's error, the 16-bit
+    products come closer to FPA than y8; the contract's (bf16(Y)^T Q~, Q~ = Q / s_Q in bf16) is dk16's to within
+    5%, and the integer Q^ of dk16q loses part of the gain."""
     from sagebwd.fpa import fpa_attention
     q, k, v, do = gaussian_inputs(1.0, 1, 2, 256, 64, 0)
     cfg = SageConfig(causal=True, block_q=64, block_kv=32, quant="token")
-    out = run_variants(q, k, v, do, cfg, ["a", "dk16", "dk16q"])
+    out = run_variants(q, k, v, do, cfg, ["a", "dk16", "dk16q", "y8"])
     ref = fpa_attention(q, k, v, do, causal=True).dk.double()
 
     def err(dk):
         return float((dk.double() - ref).norm() / ref.norm())
-    for name in ("dk16", "dk16q"):
+    e = {name: err(out[name]["dk"]) for name in out}
+    for name in ("dk16", "dk16q", "y8"):
         assert all(torch.equal(out[name][c], out["a"][c]) for c in ("o", "dq", "dv", "ds")), name
-        assert err(out[name]["dk"]) < 0.8 * err(out["a"]["dk"]), (name, err(out[name]["dk"]), err(out["a"]["dk"]))
+    assert e["dk16"] < 0.8 * e["y8"] and e["dk16q"] < e["y8"], e
+    assert abs(e["a"] - e["dk16"]) < 0.05 * e["dk16"] and e["a"] < e["dk16q"], e

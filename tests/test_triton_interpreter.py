@@ -64,8 +64,10 @@ CASES = [
 # Relative L2, kernel vs simulation (same dtype). The interpreter rounds fp32 -> bf16 less
 # carefully than the GPU does, so bf16 gets a looser bound here (the GPU check uses 5e-3).
 TOLERANCE = {"float16": 5e-3, "bfloat16": 2.5e-2}
-# Kernel-vs-simulation must stay under this fraction of simulation-vs-FPA (the INT8 error).
-FRACTION_OF_INT8_ERROR = 0.35
+# Kernel-vs-simulation must stay under this fraction of simulation-vs-FPA (the INT8 error). In bf16 the outputs' own
+# rounding is ~0.004 rel-L2 at these sizes (O and dV show it), ~40% of the token contract's dK error since dK became a
+# 16-bit product (~0.01), so bf16 takes half.
+FRACTION_OF_INT8_ERROR = {"float16": 0.35, "bfloat16": 0.5}
 
 
 def _rel(a, b) -> float:
@@ -229,9 +231,9 @@ def _fused_quantize_case() -> dict:
 
 def _token_quantize_case() -> dict:
     """The "token" quantiser gives the simulation's integers and scales bit for bit (Q after
-    Q-smoothing, K after K-smoothing, per token; V per block), in one launch or three."""
+    Q-smoothing, K after K-smoothing, per token; V per block), in one launch or three, and dK's Q~ likewise."""
     import torch
-    from sagebwd.simulate import SageConfig, quantize_qk, smooth
+    from sagebwd.simulate import SageConfig, Saved, quantize_qk, smooth, with_dk_q
     from sagebwd.triton import quantize as kq
 
     gen = torch.Generator().manual_seed(7)
@@ -242,10 +244,12 @@ def _token_quantize_case() -> dict:
     cfg = SageConfig(smooth_q=True, block_q=128, quant="token")
     q_sm, k_sm, _ = smooth(q.float(), k.float(), cfg)
     q_hat, s_q, k_hat, s_k = quantize_qk(q_sm, k_sm, cfg)
-    q8, _, kq_s_q, _, k8, _, kq_s_k, _, _ = one
+    q8, q_tilde, kq_s_q, _, k8, _, kq_s_k, _, _ = one
+    sim_q_tilde = with_dk_q(Saved(*[None] * 9), q_sm, cfg).dk_q
     return {"name": "token_quantize",
             "equal_sim": bool(torch.equal(q8.float(), q_hat)) and bool(torch.equal(kq_s_q, s_q))
             and bool(torch.equal(k8.float(), k_hat)) and bool(torch.equal(kq_s_k, s_k)),
+            "q_tilde_equal_sim": q_tilde.dtype == torch.bfloat16 and bool(torch.equal(q_tilde, sim_q_tilde)),
             "k_equal_across_tiles": bool(torch.equal(one[4], three[4])) and bool(torch.equal(one[6], three[6])),
             "no_k_cols": one[5] is None and three[5] is None and one[1] is not None}
 
@@ -446,7 +450,7 @@ def test_kernels_match_simulation(results, case):
     for key in ("o", "dq", "dk", "dv"):
         err, int8_err = r[key]["vs_sim"], r[key]["sim_vs_fpa"]
         assert err <= TOLERANCE[case[1]], f"{key}: kernel vs simulation {err:.2e}"
-        assert err <= FRACTION_OF_INT8_ERROR * int8_err, \
+        assert err <= FRACTION_OF_INT8_ERROR[case[1]] * int8_err, \
             f"{key}: kernel vs simulation {err:.2e} is not small against the INT8 error {int8_err:.2e}"
 
 
@@ -461,9 +465,15 @@ def test_token_quantiser_matches_simulation(results):
     assert r["k_equal_across_tiles"], "per-token K depends on the launch's tile size"
 
 
+def test_token_quantiser_writes_dk_operand_as_the_simulation(results):
+    """The token backward's dK = bf16(Y^T) Q~ (simulate.token_dk): the quantise launch writes Q~ = Q / s_Q, Q^ before
+    its rounding, in bf16 rows, bit for bit as simulate.with_dk_q makes it."""
+    assert results["token_quantize"]["q_tilde_equal_sim"]
+
+
 def test_token_quantiser_writes_no_k_transpose(results):
     """The token backward's dQ is a bf16 product with K itself (simulate.token_dq), and nothing else reads K^T:
-    the quantise launch writes Q^T (dK's operand) but no K^T in the token contract (N x D bytes a head fewer)."""
+    the quantise launch writes Q~ (dK's operand) but no K^T in the token contract (N x D bytes a head fewer)."""
     assert results["token_quantize"]["no_k_cols"]
 
 
@@ -513,7 +523,7 @@ def test_token_kernels_keep_dk_accuracy_in_fp16_with_small_gradients(results):
     (quant.dos_power) and the dK/dV kernel takes it back, so dK stays as near FPA as with dO ~ 1 (~0.02; 0.1
     without the scaling) and the kernels stay with the simulation."""
     r = results["fp16-causal-smallgrad-token"]["dk"]
-    assert r["sim_vs_fpa"] < 0.035 and r["vs_sim"] < FRACTION_OF_INT8_ERROR * r["sim_vs_fpa"], r
+    assert r["sim_vs_fpa"] < 0.035 and r["vs_sim"] < FRACTION_OF_INT8_ERROR["float16"] * r["sim_vs_fpa"], r
 
 
 def test_token_backward_computes_its_operands_when_not_given(results):

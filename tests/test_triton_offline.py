@@ -361,11 +361,13 @@ def test_dq_reduce_probe_builds_its_reductions(mode, causal):
     takes."""
     import torch
     from sagebwd.triton import hopper
+    from sagebwd.triton.quantize import empty_q_cols
     b, h, n, d = 1, 2, 512, 64
     groups = 4 if mode == "ordered_g4" else 1
     i8 = lambda *s: torch.zeros(*s, dtype=torch.int8)   # noqa: E731
     f32 = lambda *s: torch.zeros(*s)                    # noqa: E731
-    q8, k8, q8t, out = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
+    q8, k8, out = i8(b, h, n, d), i8(b, h, n, d), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
+    q8t = empty_q_cols(q8, token=True)   # the token contract's dK operand Q~, bf16 rows
     do8t, s_q = torch.zeros(b, h, d, n, dtype=torch.float8_e4m3fn), f32(b * h, n)
     fixed = mode.startswith(("fixed", "product"))
     counters = None if fixed or mode == "unordered" else torch.zeros(groups * b * h, n // 128, 2, dtype=torch.int32)
@@ -402,9 +404,11 @@ def test_dkdv_launches_refuse_a_dq_reduction_they_cannot_make():
     warp-specialised kernel, ordered int32 adds (they need no order), a dQ product onto fp32 adds."""
     import torch
     from sagebwd.triton import hopper
+    from sagebwd.triton.quantize import empty_q_cols
     b, h, n, d = 1, 2, 512, 64
     i8, f32 = (lambda *s: torch.zeros(*s, dtype=torch.int8)), (lambda *s: torch.zeros(*s))   # noqa: E731
-    q8, k8, q8t, out = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
+    q8, k8, out = i8(b, h, n, d), i8(b, h, n, d), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
+    q8t = empty_q_cols(q8, token=True)   # the token contract's dK operand Q~, bf16 rows
     do8t, s_q = torch.zeros(b, h, d, n, dtype=torch.float8_e4m3fn), f32(b * h, n)
     counters = torch.zeros(b * h, n // 128, 2, dtype=torch.int32)
     fp32, int32 = f32(b * h * n, d), torch.zeros(b * h * n, d, dtype=torch.int32)
@@ -432,7 +436,7 @@ def test_dq_reduce_probe_counts_each_variants_loop(capsys):
     assert "| + X^ made |" in capsys.readouterr().out
     rows = {r["variant"]: r for r in dq_reduce_probe.sass_report()}
     loops = [rows[v]["loop"] for v in ("dK/dV", "+ fp32 adds", "+ int32 adds", "+ dQ product", "+ X^ made")]
-    assert loops == sorted(loops) and 12 < rows["dK/dV"]["per_element"] < 17, rows
+    assert loops == sorted(loops) and 8 < rows["dK/dV"]["per_element"] < 13, rows   # 10.3 (14.1 with dK in INT8)
     assert rows["+ X^ made"]["SHFL"] > rows["+ dQ product"]["SHFL"] + 32, rows
     assert rows["+ int32 adds"]["F2I"] > rows["+ fp32 adds"]["F2I"], rows   # cvt.rni
     # Y in bf16 needs no maximum: no shuffles beyond the INT8 product's, a loop far shorter than X^'s

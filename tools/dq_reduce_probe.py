@@ -175,10 +175,12 @@ def sass_report(causal: bool = False) -> list[dict]:
     launch, spilled bytes, shared memory, and its main loop: SASS instructions per thread per q block, per score
     element, and the counts of SASS_OPS among them (tools.sass_mix)."""
     from sagebwd.triton import hopper
+    from sagebwd.triton.quantize import empty_q_cols
     from tools import offline, sass_mix
     b, h, n, d = 1, 2, 512, 64
     i8, f32 = (lambda *s: torch.zeros(*s, dtype=torch.int8)), (lambda *s: torch.zeros(*s))
-    q8, k8, q8t, out = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
+    q8, k8, out = i8(b, h, n, d), i8(b, h, n, d), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
+    q8t = empty_q_cols(q8, token=True)   # dK's operand Q~, bf16 rows
     do8t, s_q = torch.zeros(b, h, d, n, dtype=torch.float8_e4m3fn), f32(b * h, n)
     fixed = (torch.zeros(b * h * n, d, dtype=torch.int32), None, 1.0)
     variants = {"dK/dV": ({}, None), "+ fp32 adds": ({}, (f32(b * h * n, d), None)),

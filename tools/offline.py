@@ -213,7 +213,7 @@ def loop_mix_report(head_dims=(64, 128), arch: int = 90, blocks=(128, 64), kerne
             role_loops = getattr(sys.modules[kernel.fn.__module__], "ROLE_LOOPS", 1)
             mix = sass_mix.loop_mix(sass_mix.disassemble(compiled.asm["cubin"]), name, constexprs,
                                     kwargs.get("num_warps", 4), role_loops)
-            floors = sass_mix.floors_ms(name, mix["per_element"], BENCH_SHAPES[d], True, *blocks)
+            floors = sass_mix.floors_ms(name, mix["per_element"], BENCH_SHAPES[d], True, *blocks, quant=quant)
             rows.append({"head_dim": d, "shape": list(BENCH_SHAPES[d]), "function": kernel.fn.__name__,
                          "quant": quant, **mix, **floors})
         # The counts above are the unmasked loops; the targets are causal, whose builds differ

@@ -120,7 +120,7 @@ from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS, key_tile
 
 VARIANTS = {
-    "a": "token contract (baseline; dV in FP8 since 2026-11-27, dQ a bf16 product of Y since 2026-11-28)",
+    "a": "token contract (baseline; dV in FP8 since 2026-11-27, dQ and dK bf16 products of Y since 2026-11-28)",
     "i8": "dV: P INT8 per (kv token, q block), dO INT8 per block (the contract until 2026-11-27)",
     "b": "dV: P FP8 static 448, dO FP8 per block",
     "c": "dV: P FP8 static 448, dO FP8 per token",
@@ -144,6 +144,7 @@ VARIANTS = {
     "dos": "bwd dK's Y^T from V [dO s_Q | -delta s_Q]^T: dO s_Q in bf16, delta s_Q as hi + lo (no column reads)",
     "y16": "bwd dQ = dS K in bf16 (a fused backward's product): dS unquantised, rounded to bf16, K as given in bf16",
     "y16s": "as y16 with K-smoothing's K - mean rounded to bf16 in K's place",
+    "y8": "bwd dK = Y^T Q^ with Y = dS s_Q INT8 per (kv token, q block), the contract until 2026-11-28 (dk16 now)",
     "dk16": "bwd dK = dS^T Q in bf16: dS unquantised, rounded to bf16, Q as given in bf16 (no s_Q, no Q^)",
     "dk16q": "bwd dK = Y^T Q^ in bf16: Y = dS s_Q rounded to bf16, Q^ the integers (exact in bf16)",
 }
@@ -323,6 +324,18 @@ def _bf16_dk(saved, inter, q, cfg: SageConfig, integer_q: bool) -> torch.Tensor:
     return (dk / math.sqrt(saved.v.shape[-1])).to(saved.v.dtype)
 
 
+def _int8_y_dk(saved, inter, cfg: SageConfig) -> torch.Tensor:
+    """dK of variant y8, the token contract's until 2026-11-28: Y = dS s_Q (here from the unquantised dS; the
+    contract's token_y rounds dO s_Q first, ~1% of dK's error at sigma 1) quantised per (kv token, q block), each q
+    block's exact integer product with Q^ scaled by its kv rows' scales, the blocks summed."""
+    b, h, n, d = saved.v.shape
+    tm, bq = n // cfg.block_q, cfg.block_q
+    y = _backward_ds(saved, inter, cfg) * saved.s_q.unsqueeze(-1)
+    y_hat, s_y = quantize_groups(y, bq, -2, cfg.quantize)
+    yq = torch.einsum("bhiqn,bhiqd->bhind", y_hat.reshape(b, h, tm, bq, n), saved.q_hat.reshape(b, h, tm, bq, d))
+    return ((yq * s_y[..., None]).sum(dim=2) / math.sqrt(d)).to(saved.v.dtype)
+
+
 def _channel_k_dq(saved, inter, q, k, cfg: SageConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(dQ, dS as it consumes it) with K^ quantised per channel over the whole sequence (one scale c_d
     per head and channel, after K-smoothing) instead of per token: dS then needs no s_K folded in,
@@ -461,6 +474,8 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
             out[name] = {**base, "dq": dq_y, "ds": ds_y}
         elif name in ("dk16", "dk16q"):   # dK only
             out[name] = {**base, "dk": _bf16_dk(saved, inter, q, cfg, integer_q=name == "dk16q")}
+        elif name == "y8":   # dK only
+            out[name] = {**base, "dk": _int8_y_dk(saved, inter, cfg)}
         elif name == "dqfix":   # the contract's dQ, summed in fixed point
             dq_f, stats = fixed_point_dq(saved, inter, do, cfg)
             out[name] = {**base, "dq": dq_f, "stats": stats}
@@ -481,7 +496,11 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
                               quantize_interleaved(q_sm, 8, 8, 1))    # groups of one token: per token
                 k_hat, s_k = quantize_interleaved(k_sm, cfg.block_kv, 8, 2)
             o_e, saved_e = forward_quantized(q_hat, s_q, k_hat, s_k, mu_q, k_sm, v, cfg, q.dtype)
-            saved_e = with_dq_k(saved_e, k, cfg)
+            # dK's Q~ = Q / s_Q with the variant's own Q scales (the contract takes it from its 127 / amax)
+            s_q_rows = s_q.unsqueeze(-1)
+            q_tilde = torch.where(s_q_rows > 0, q_sm / torch.where(s_q_rows > 0, s_q_rows, torch.ones_like(s_q_rows)),
+                                  torch.zeros_like(q_sm))
+            saved_e = with_dq_k(saved_e, k, cfg)._replace(dk_q=q_tilde.to(torch.bfloat16))
             (dq_e, dk_e, dv_e), inter_e = backward(saved_e, do, cfg, return_intermediates=True)
             out[name] = {"o": o_e, "dq": dq_e, "dk": dk_e, "dv": dv_e, "ds": inter_e.ds}
         else:

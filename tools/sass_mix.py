@@ -22,8 +22,12 @@ import tempfile
 
 # Opcodes kept with their first modifier (the unit or shape matters); the rest by base name.
 _KEEP_MODIFIER = {"MUFU", "HGMMA", "IGMMA", "SHFL", "LDS", "LDSM", "STS", "LDGSTS", "I2F", "F2I", "F2FP", "I2IP"}
-# Dots per score element: (INT8 dots, 16-bit dots), each HEAD_DIM MACs per element.
-DOTS_PER_ELEMENT = {"forward": (2, 0), "dq": (2, 1), "dkdv": (3, 1), "dv": (2, 0), "dk": (2, 1), "fused": (4, 1)}
+# Dots per score element: (INT8 or FP8 dots, 16-bit dots), each HEAD_DIM MACs per element; per contract. The token
+# contract's dQ and dK are bf16 products of Y (simulate.token_dq, token_dk), its dV an FP8 one.
+DOTS_PER_ELEMENT = {
+    "block": {"forward": (2, 0), "dq": (2, 1), "dkdv": (3, 1), "dv": (2, 0), "dk": (2, 1), "fused": (4, 1)},
+    "token": {"forward": (2, 0), "dq": (1, 2), "dkdv": (2, 2), "dv": (2, 0), "dk": (1, 2)},
+}
 
 
 def disassemble(cubin: bytes) -> str:
@@ -160,12 +164,12 @@ def causal_elements(n: int, block_q: int, block_kv: int) -> int:
     return sum(block_q * min(n, -(-(i + 1) * block_q // block_kv) * block_kv) for i in range(n // block_q))
 
 
-def floors_ms(kernel: str, per_element: float, shape, causal: bool, block_q: int, block_kv: int,
+def floors_ms(kernel: str, per_element: float, shape, causal: bool, block_q: int, block_kv: int, quant: str = "block",
               sms: int = 132, ghz: float = 1.98, int8_tops: float = 1979.0, bf16_tflops: float = 989.0) -> dict:
-    """(issue floor, tensor floor) in ms of one kernel for (B, H, N, D); H200 defaults."""
+    """(issue floor, tensor floor) in ms of one kernel of contract `quant` for (B, H, N, D); H200 defaults."""
     b, h, n, d = shape
     elements = b * h * (causal_elements(n, block_q, block_kv) if causal else n * n)
     issue = elements * per_element / (4 * 32 * sms * ghz * 1e9) * 1e3
-    int8_dots, bf16_dots = DOTS_PER_ELEMENT[kernel]
+    int8_dots, bf16_dots = DOTS_PER_ELEMENT[quant][kernel]
     tensor = (2 * d * elements * (int8_dots / (int8_tops * 1e12) + bf16_dots / (bf16_tflops * 1e12))) * 1e3
     return {"issue_ms": issue, "tensor_ms": tensor, "elements": elements}

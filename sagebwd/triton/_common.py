@@ -251,10 +251,12 @@ def tile_scales(amax, EXACT_SCALE: tl.constexpr):
 
 @triton.jit
 def quantize_token_rows(x):
-    """The token contract's INT8 of a (rows, D) fp32 tile, one scale per row: (int8 rows, scales). Called by
-    the quantise pass (K, and Q with Q-smoothing) and by the token forward, which quantises Q itself."""
+    """The token contract's INT8 of a (rows, D) fp32 tile, one scale per row: (int8 rows, scales, the rows before
+    their rounding, in bf16: Q~, the dK product's operand, simulate.with_dk_q; dead code where not stored). Called
+    by the quantise pass (K, and Q with Q-smoothing) and by the token forward, which quantises Q itself."""
     scale, inv = block_scales(tl.max(tl.abs(x), axis=1))
-    return round_to_int8(mul_rn(x, inv[:, None])), scale
+    scaled = mul_rn(x, inv[:, None])
+    return round_to_int8(scaled), scale, to_16bit(scaled, tl.bfloat16)
 
 
 @triton.jit

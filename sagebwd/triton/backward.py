@@ -24,10 +24,9 @@ output element is written by one program in a fixed order, so reruns are bit-ide
 Extra memory: 4 fp32 per (q block, kv tile), N^2 / (block_q * block_kv) * 16 bytes per head.
 
 TOKEN (the "token" contract) needs no tile scales, so the two kernels do not depend on each
-other: the dQ kernel quantises X = dS * s_K with one scale per q row of each key tile
-(validate.key_tile: 128 keys by default, the kernel's BLOCK_N there; a row max),
-the dK/dV kernel Y^T = dS^T * s_Q with one scale per kv row of each q block (one slice per q
-block, so a row max there too) and P^T in FP8 e4m3 with a static scale (P <= 1: no maximum).
+other: both make Y = dS * s_Q and take it in bf16 into a 16-bit product, dQ = bf16(Y) K16 / s_Q
+(simulate.token_dq) and dK = bf16(Y^T) Q~ with Q~ = Q / s_Q in bf16 (simulate.token_dk), and dV
+takes P^T in FP8 e4m3 with a static scale (P <= 1: no maximum): no scale is a maximum.
 S's scale is a row vector times a column vector.
 """
 from __future__ import annotations
@@ -57,11 +56,12 @@ DK_ONLY = tl.constexpr(2)
 
 
 @triton.jit
-def _dot16(a, b, DOT_F32: tl.constexpr):
+def _dot16(a, b, DOT_F32: tl.constexpr, acc=None):
+    """a b (+ acc, added by the tensor cores' chain, in the Gluon kernels' order) of 16-bit operands."""
     # Triton's interpreter computes bf16 dots wrongly (triton issue 11584): upcast there only.
     if DOT_F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -285,22 +285,25 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                 do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
                 dp_t = _dot16(v, tl.trans(do), DOT_F32)
                 delta = tl.load(DELTA_bh + offs_m)[None, :]
-                if TOKEN:   # Y^T = dS^T s_Q, one scale per row: Q^'s scale runs along this product's sum
+                if TOKEN:   # dK = bf16(Y^T) Q~ (simulate.token_dk): Y^T = dS^T s_Q, Q~ = Q / s_Q; no scale to find
                     y_t = p_t * (dp_t - delta)   # c dS^T s_Q = P^T (dP^T s_Q c - delta s_Q c)
-                    y_scale, y_inv = tile_scales(tl.max(tl.abs(y_t), axis=1), False)
-                    ds8_t = to_k_order(round_scaled_to_int8(y_t, y_inv[:, None]))
-                    dk_scale = (y_scale * dos_inv)[:, None]   # exact: 1 / c is a power of two
+                    y16_t = to_16bit(y_t * dos_inv, tl.bfloat16)   # exact: 1 / c is a power of two (1 unless fp16)
+                    q_tilde = tl.load(Q8T_bh + offs_m[:, None] * HEAD_DIM + offs_h[None, :])   # bf16 rows
+                    dk_a = _dot16(y16_t, q_tilde, DOT_F32, dk_a)   # chained: the Gluon dK/dV's order
+                    if SPLIT_D == 2:
+                        q_tilde = tl.load(Q8T_bh + offs_m[:, None] * HEAD_DIM + (DH + offs_h)[None, :])
+                        dk_b = _dot16(y16_t, q_tilde, DOT_F32, dk_b)
                 else:
                     ds8_t = to_k_order(saturated_ds_to_int8(p_t, dp_t, delta * ds_kq, ds_kq))
-                if CHAIN:
-                    q8_cols = tl.trans(tl.load(Q8T_bh + offs_d[:, None] * N + offs_m[None, :]))
-                    dk_int = tl.dot(ds8_t, q8_cols, dk_int, out_dtype=tl.int32)
-                else:
-                    q8_cols = tl.trans(tl.load(Q8T_bh + offs_h[:, None] * N + offs_m[None, :]))
-                    dk_a += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
-                    if SPLIT_D == 2:
-                        q8_cols = tl.trans(tl.load(Q8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
-                        dk_b += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
+                    if CHAIN:
+                        q8_cols = tl.trans(tl.load(Q8T_bh + offs_d[:, None] * N + offs_m[None, :]))
+                        dk_int = tl.dot(ds8_t, q8_cols, dk_int, out_dtype=tl.int32)
+                    else:
+                        q8_cols = tl.trans(tl.load(Q8T_bh + offs_h[:, None] * N + offs_m[None, :]))
+                        dk_a += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
+                        if SPLIT_D == 2:
+                            q8_cols = tl.trans(tl.load(Q8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
+                            dk_b += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
                 if SMOOTH_Q:   # the bias branch: colsum(dS_i)^T mu_i, from the unquantised dS (TOKEN: Y^T / s_Q)
                     if TOKEN:
                         ds_colsum = (tl.sum(y_t / q_scale, axis=1) * dos_inv)[:, None]

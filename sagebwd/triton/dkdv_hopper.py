@@ -35,10 +35,9 @@ where it does not apply (a sequence that is not a multiple of 128). The host sid
 
 TOKEN (the token contract, opt-in in the registry): the same kernels with _q_block_token as the
 per-block step, backward.py's TOKEN arithmetic: dV = P^T dO in FP8 e4m3 (P with a static scale), and
-Y^T = dS^T s_Q quantised with one scale per kv row of each q block, row maxima over both slices (a
-quad's shuffles, no exchange between warps);
-s_Q per q row comes by TMA with the block, like LSE (docs/kernel-notes.md, "The token contract's
-Gluon dK/dV").
+dK = bf16(Y^T) Q~ (Y^T = dS^T s_Q, Q~ = Q / s_Q in bf16 rows, which the ring carries in Q^T's place);
+no scale is a maximum. s_Q per q row comes by TMA with the block, like LSE (docs/kernel-notes.md, "The
+token contract's Gluon dK/dV", "Nineteenth session").
 
 Limits (registry; else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no
 Q-smoothing.
@@ -97,11 +96,13 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier   # (Triton 3.6
 @gluon.constexpr_function
 def kv_tile_layouts(SLICE, HEAD_DIM):
     """The wgmma layouts of one warpgroup's kv tile (SLICE rows): S^T (INT8 dot), dP^T (16-bit dot),
-    the dV/dK accumulators, and P^/dS^ as the A operand of the INT8 dots."""
+    the dV/dK accumulators, P^/dS^ as the A operand of the INT8 dots, and the token contract's dK
+    accumulator (a bf16 dot's)."""
     acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 32])
     return (gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SLICE, 32]),
             gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SLICE, 16]),
-            acc, gl.DotOperandLayout(operand_index=0, parent=acc, k_width=4))
+            acc, gl.DotOperandLayout(operand_index=0, parent=acc, k_width=4),
+            gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]))
 
 
 @gluon.jit
@@ -126,12 +127,22 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, q_row0, start_n, vb, vh, PA
 
 
 @gluon.jit
+def _qt_copy(qt_desc, q_row0, t_row0, row, bar, dest, TOKEN: gl.constexpr):
+    """TMA of dK's Q operand from q row `row` of the head: Q^T INT8 (rows t_row0.. of the (B*H*D, N) copy, columns
+    row..), or TOKEN Q~ in bf16 rows (rows q_row0 + row.. of (B*H*N, D): quantize.empty_q_cols)."""
+    if TOKEN:
+        tma.async_copy_global_to_shared(qt_desc, [q_row0 + row, 0], bar, dest)
+    else:
+        tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, dest)
+
+
+@gluon.jit
 def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem, do_smem, qt_smem, dot_smem,
                 lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, vb, vh, STAGES: gl.constexpr,
                 SLICE: gl.constexpr, PASS: gl.constexpr, sq_desc, sq_smem, TOKEN: gl.constexpr):
     """TMA of all of q block `blk` into ring slot r % STAGES on one barrier, each tensor as one copy of
-    the whole block: Q^ and LSE (TOKEN: and s_Q, one scale per q row), dO^T for dV, dO, Q^T and delta
-    for dK. (A Gluon kernel that is not warp specialised puts a CTA barrier and ~13 instructions at
+    the whole block: Q^ and LSE (TOKEN: and s_Q, one scale per q row), dO^T for dV, dO, Q^T (TOKEN: Q~
+    rows, _qt_copy) and delta for dK. (A Gluon kernel that is not warp specialised puts a CTA barrier and ~13 instructions at
     every copy: at d=64 per-slice copies were 16% of the loop's instructions; per-slice barriers
     measured 6% slower there.)"""
     slot = r % STAGES
@@ -151,7 +162,7 @@ def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem
     if PASS != DK_ONLY:
         tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(slot))
     if PASS != DV_ONLY:
-        tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(slot))
+        _qt_copy(qt_desc, q_row0, t_row0, row, bar, qt_smem.index(slot), TOKEN)
         tma.async_copy_global_to_shared(delta_desc, [q_row0 + row], bar, delta_smem.index(slot))
 
 
@@ -173,7 +184,7 @@ def _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem,
         tma.async_copy_global_to_shared(sq_desc, [q_row0 + row], bar, sq_smem.index(i))
     tma.async_copy_global_to_shared(lse_desc, [q_row0 + row], bar, lse_smem.index(i))
     _seq_copy(do_desc, vb, vh, q_row0, row, bar, do_smem.index(i))
-    tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, qt_smem.index(i))
+    _qt_copy(qt_desc, q_row0, t_row0, row, bar, qt_smem.index(i), TOKEN)
     tma.async_copy_global_to_shared(delta_desc, [q_row0 + row], bar, delta_smem.index(i))
 
 
@@ -444,37 +455,31 @@ def _slice_dot(op, smem, slot, h: gl.constexpr, acc, USE_ACC: gl.constexpr, SLIC
 
 
 @gluon.jit
-def _rows_operand(x, inv, op_layout: gl.constexpr, FP8: gl.constexpr):
-    """x^T (kv rows of one q slice) as the A operand of a token-contract product: x in FP8 e4m3 (dV's
-    256 P^T, as exp2 gives it: P <= 1 needs no maximum, inv unused), or INT8 with the rows' scale
-    inverses (dK's Y^T)."""
-    if FP8:
-        op = x.to(gl.float8e4nv)
-    else:
-        op = _int8_bits(x, inv[:, None]).to(gl.int8)
-    return as_a_operand(op, op_layout)
-
-
-@gluon.jit
-def _rows_dot(x_a, x_b, inv, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_A: gl.constexpr,
-              SLICE: gl.constexpr, BLOCKED: gl.constexpr, FP8: gl.constexpr):
-    """The token contract's product of one q block (backward.py's TOKEN branch): the rows of x^T (kv
-    rows; both q slices, x_a read only if HAS_A) as _rows_operand makes them, times the slices' tiles
-    in `smem` (e4m3 dO^T, or INT8 Q^T), chained in zero_acc's type (fp32, or int32); issued
-    asynchronously. dV = P^T dO with FP8, dK = Y^T Q without."""
+def _rows_dot(x_a, x_b, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_A: gl.constexpr,
+              SLICE: gl.constexpr, BLOCKED: gl.constexpr):
+    """The token contract's dV = P^T dO of one q block (backward.py's TOKEN branch): the rows of x^T (kv rows, 256 P^T
+    as exp2 gives it: P <= 1 needs no maximum; both q slices, x_a read only if HAS_A) in FP8 e4m3, times the slices'
+    e4m3 dO^T tiles in `smem`, chained in fp32 from zero_acc; issued asynchronously."""
     if HAS_A:
-        acc = _slice_dot(_rows_operand(x_a, inv, op_layout, FP8), smem, slot, 0, zero_acc, False, SLICE, BLOCKED)
-        return _slice_dot(_rows_operand(x_b, inv, op_layout, FP8), smem, slot, 1, acc, True, SLICE, BLOCKED)
-    return _slice_dot(_rows_operand(x_b, inv, op_layout, FP8), smem, slot, 1, zero_acc, False, SLICE, BLOCKED)
+        acc = _slice_dot(as_a_operand(x_a.to(gl.float8e4nv), op_layout), smem, slot, 0, zero_acc, False, SLICE,
+                         BLOCKED)
+        return _slice_dot(as_a_operand(x_b.to(gl.float8e4nv), op_layout), smem, slot, 1, acc, True, SLICE, BLOCKED)
+    return _slice_dot(as_a_operand(x_b.to(gl.float8e4nv), op_layout), smem, slot, 1, zero_acc, False, SLICE, BLOCKED)
 
 
 @gluon.jit
-def _row_scales(amax):
-    """backward.py's tile_scales(amax, False) per kv row (the token contract's Y^T scales): the
-    scale by a multiply with fl(1/127), 1/scale by the approximate division, 0 for an all-zero row."""
-    scale = amax * (1.0 / 127.0)
-    inv = gl.where(amax > 0, 127.0 / gl.maximum(amax, 1e-30), 0.0)
-    return scale, inv
+def _rows_dot16(x_a, x_b, smem, slot, acc, HAS_A: gl.constexpr, SLICE: gl.constexpr, HEAD_DIM: gl.constexpr,
+                BLOCKED: gl.constexpr):
+    """The token contract's dK = bf16(Y^T) Q~ of one q block (simulate.token_dk), added into acc (fp32, in a bf16
+    dot's accumulator layout, across the q blocks): the rows of x^T (kv rows; both q slices, x_a read only if HAS_A)
+    rounded to bf16 as A operands from registers, times the slices' Q~ rows in `smem` (bf16 [q, D]: an MN-major B,
+    which 16-bit wgmma takes); issued asynchronously. No scale: s_Q cancels between Y and Q~."""
+    op16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
+    if HAS_A:
+        acc = warpgroup_mma(gl.convert_layout(x_a.to(gl.bfloat16), op16), _rows(smem, slot, 0, SLICE, HEAD_DIM,
+                                                                                  BLOCKED), acc, is_async=True)
+    return warpgroup_mma(gl.convert_layout(x_b.to(gl.bfloat16), op16), _rows(smem, slot, 1, SLICE, HEAD_DIM, BLOCKED),
+                         acc, is_async=True)
 
 
 @gluon.jit
@@ -531,17 +536,13 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
     dV = P^T dO is FP8 e4m3: 256 P^T with no maximum (P <= 1) times dO^T's e4m3 tiles, chained over
     both slices in fp32 and scaled by s_dO / 256, one number per q block. The LSE ring holds LSE2 -
     log2(256) (backward_preprocess), so exp2 yields 256 P^T with no multiply; Y^T is then 256 times
-    too, with the same integers (its scales are row maxima), and the kernel's last dK scale divides
-    by 256 (exact). Y^T = dS^T s_Q's scale is a row
-    maximum over the whole q block (128 columns, both slices) for dK = Y^T Q. In the wgmma accumulator
-    a kv row lives in one quad of one warp, so it is a max over the thread's columns and two
-    shuffles, with no exchange between warps; but neither slice's Y^T can be quantised before the
-    other's values are known, so both are live together. Order, to keep at most three 64 x 64 fp32
-    tiles beside the accumulators (d=64, BOTH): S^T of both slices issued; P^T of slice a; dP^T of
-    slice a issued; P^T of slice b; dV of both issued; Y^T of slice a; dP^T of slice b; dV added;
-    Y^T of slice b; its row scale; dK of both. Slice a (HAS_A False: wholly above the causal
-    diagonal) is then skipped: its P^T is 0, which adds nothing to dV and changes neither Y^T's
-    maximum nor its sum.
+    too (a power of two: bf16(256 Y^T) = 256 bf16(Y^T)), and the kernel's last dK scale divides by 256.
+    dK += bf16(Y^T) Q~ (Y^T = dS^T s_Q, Q~ = Q / s_Q in bf16 rows from the ring: simulate.token_dk) is a
+    bf16 product chained into the dK accumulator across the q blocks, with no scale. Order, to keep
+    at most three 64 x 64 fp32 tiles beside the accumulators (d=64, BOTH): S^T of both slices issued;
+    P^T of slice a; dP^T of slice a issued; P^T of slice b; dV of both issued; Y^T of slice a; dP^T of
+    slice b; dV added; Y^T of slice b; dK of both. Slice a (HAS_A False: wholly above the causal
+    diagonal) is then skipped: its P^T is 0, which adds nothing to dV or dK.
     The ring entry (both slices) is released at the block's end. DQ_MODE (tools.dq_reduce_probe; NO_DQ by default):
     while dK's product runs, a fused backward's dQ operand of both slices is made and stored to dq_x: X^ (_x_probe)
     with PRODUCT_X_DQ, Y in bf16 (_y16_probe) with PRODUCT_Y16_DQ."""
@@ -553,7 +554,6 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
     offs_b = offs_a + SLICE
     zero_s = gl.zeros([SLICE, SLICE], gl.int32, s_layout)
     zero_dp = gl.zeros([SLICE, SLICE], gl.float32, dp_layout)
-    zero_acc = gl.zeros([SLICE, HEAD_DIM], gl.int32, acc_layout)
     DK_PASS: gl.constexpr = PASS != DV_ONLY
     DV_PASS: gl.constexpr = PASS != DK_ONLY
 
@@ -606,8 +606,8 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
 
     if DV_PASS:
         # dV = P^T dO in FP8 e4m3, both slices chained in fp32; the q block's scale is one number
-        dv_prod = _rows_dot(p_a if HAS_A else p_b, p_b, None, dot_smem, slot, op_layout,
-                            gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout), HAS_A, SLICE, BLOCKED, True)
+        dv_prod = _rows_dot(p_a if HAS_A else p_b, p_b, dot_smem, slot, op_layout,
+                            gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout), HAS_A, SLICE, BLOCKED)
         dv_scale = s_do * (1.0 / G_P_E4M3_SCALE)   # exact: a power of two
     if PASS == BOTH:
         # Y^T of slice a (its dP^T was issued before the dV dots), then slice b's dP^T
@@ -628,19 +628,18 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         dpt_b = warpgroup_mma_wait(0, deps=[dpt_b])
 
     if DK_PASS:
-        # Y^T = dS^T s_Q per (kv row, q block): its row maximum over both slices, Y^ of both, dK = Y^T Q
+        # dK += bf16(Y^T) Q~ (Y^T = dS^T s_Q, Q~ = Q / s_Q in bf16 rows): a 16-bit product, no scale to find
         if PASS != BOTH:
             delta_b = _slice_vector(delta_smem, slot, 1, col, SLICE, BLOCKED)
         y_b = _token_y(p_b, dpt_b, delta_b, s_layout)
-        y_max = gl.max(gl.abs(y_b), axis=1)
-        if HAS_A:
-            y_max = gl.maximum(gl.max(gl.abs(p_a), axis=1), y_max)
-        y_scale, y_inv = _row_scales(y_max)
-        # the ring's dO s_Q and delta s_Q carry the block's c (backward_preprocess; 1 unless fp16): Y^T came out c
-        # times, so its scale takes 1 / c (exact: a power of two), one multiply per row
-        y_scale = y_scale * dos_power(s_do, do_smem.dtype == gl.float16)[1]
-        dk_int = _rows_dot(p_a if HAS_A else y_b, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, HAS_A,
-                           SLICE, BLOCKED, False)
+        if do_smem.dtype == gl.float16:
+            # the ring's dO s_Q and delta s_Q carry the block's c (backward_preprocess; 1 unless fp16): Y^T came out
+            # c times; 1 / c is a power of two, so bf16(Y^T) is the simulation's exactly
+            c_inv = dos_power(s_do, True)[1]
+            y_b = y_b * c_inv
+            if HAS_A:
+                p_a = p_a * c_inv
+        dk_int = _rows_dot16(p_a if HAS_A else y_b, y_b, qt_smem, slot, dk, HAS_A, SLICE, HEAD_DIM, BLOCKED)
         if DQ_MODE == PRODUCT_Y16_DQ:
             if HAS_A:
                 _y16_probe(p_a, dq_x.index(0))
@@ -649,8 +648,7 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
             if HAS_A:
                 _x_probe(p_a, kq, dq_x.index(0))
             _x_probe(y_b, kq, dq_x.index(1))
-        dk_int = warpgroup_mma_wait(0, deps=[dk_int])
-        dk += dk_int.to(gl.float32) * gl.convert_layout(y_scale, gl.SliceLayout(1, acc_layout))[:, None]
+        dk = warpgroup_mma_wait(0, deps=[dk_int])
 
     if WS:
         _cta_barrier()   # as _release, for both slices' entries
@@ -757,6 +755,7 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
     dp_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[1]
     acc_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[2]
     op_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[3]
+    acc16_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[4]
 
     if TOKEN:   # s_K qk_const per kv row, as backward.py's qk_scale
         k_scale = gl.load(SK_tile + gl.arange(0, SLICE, layout=gl.SliceLayout(1, s_layout))) * (
@@ -767,7 +766,8 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
     qk_const = sm_scale * 1.4426950408889634
     offs_kv = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, s_layout))
     dv = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout)
-    dk = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout)
+    # the token contract's dK is a bf16 product's accumulator (_rows_dot16), the block contract's INT8 products' sum
+    dk = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc16_layout if TOKEN else acc_layout)
     if not TOKEN:
         _cta_barrier()   # the records are in shared memory
     mbarrier.wait(kv_bar, 0)
@@ -786,7 +786,8 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
                               rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN,
                           dq_x, DQ_REDUCE)
             if DQ_REDUCE:
-                _dq_reduce_probe(0, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
+                _dq_reduce_probe(0, dk, dq_stage, dq_full, dq_empty,
+                                 (start_n // SLICE) % 2, dq_scale,
                                  dq_x, dq_kt, DQ_REDUCE, DQ_STAGES, acc_layout)
         else:
             dv, dk = _q_step(0, first, dv, dk, k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
@@ -796,7 +797,8 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
                               True, rec_layout, False, False, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN,
                           dq_x, DQ_REDUCE)
             if DQ_REDUCE:
-                _dq_reduce_probe(0, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
+                _dq_reduce_probe(0, dk, dq_stage, dq_full, dq_empty,
+                                 (start_n // SLICE) % 2, dq_scale,
                                  dq_x, dq_kt, DQ_REDUCE, DQ_STAGES, acc_layout)
         loop_start = 1
     for r in range(loop_start, n_blocks):
@@ -812,7 +814,8 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
                           rec_layout, MASK_IN_LOOP, r == 0, empty, WS, sq_smem, sq_desc, SDO_bh, TOKEN,
                           dq_x, DQ_REDUCE)
         if DQ_REDUCE:
-            _dq_reduce_probe(r, dk, dq_stage, dq_full, dq_empty, (start_n // SLICE) % 2, dq_scale,
+            _dq_reduce_probe(r, dk, dq_stage, dq_full, dq_empty,
+                             (start_n // SLICE) % 2, dq_scale,
                              dq_x, dq_kt, DQ_REDUCE, DQ_STAGES, acc_layout)
 
     offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))
@@ -823,7 +826,7 @@ def _kv_tile(k_tile, v_tile, q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta
     else:
         dk_const = sm_scale
     if PASS != DV_ONLY:
-        gl.store(DK_bh + out, (dk * dk_const).to(DK_bh.dtype.element_ty))
+        gl.store(DK_bh + out, gl.convert_layout(dk * dk_const, acc_layout).to(DK_bh.dtype.element_ty))
     if PASS != DK_ONLY:
         gl.store(DV_bh + out, dv.to(DV_bh.dtype.element_ty))
 
@@ -846,7 +849,7 @@ def _allocate(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delt
         v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
         v_rows = v_smem.reshape([KV_ROWS, HEAD_DIM])
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [RING] + do_desc.block_type.shape, do_desc.layout)
-        qt_smem = gl.allocate_shared_memory(gl.int8, [RING] + qt_desc.block_type.shape, qt_desc.layout)
+        qt_smem = gl.allocate_shared_memory(qt_desc.dtype, [RING] + qt_desc.block_type.shape, qt_desc.layout)
         delta_smem = gl.allocate_shared_memory(gl.float32, [RING] + delta_desc.block_type.shape, delta_desc.layout)
     else:
         v_smem = gl.allocate_shared_memory(gl.int8, [1, 16], unused)

@@ -158,11 +158,11 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN, Q, Q8T,
         # has memory bandwidth to spare, the pass had none).
         x = tl.load(Q + (bh // H).to(tl.int64) * stride_qb + (bh % H).to(tl.int64) * stride_qh
                     + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd).to(tl.float32)
-        x8, x_scale = quantize_token_rows(x)
+        x8, x_scale, x_tilde = quantize_token_rows(x)
         tl.store(SQ + bh * N + offs_m, x_scale)
         tl.store(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], x8)
-        if WRITE_QT:
-            tl.store(Q8T + seq_base + offs_d[:, None] * N + offs_m[None, :], to_k_order(tl.trans(x8)))
+        if WRITE_QT:   # dK's operand Q~ = Q / s_Q in bf16 rows (simulate.with_dk_q)
+            tl.store(Q8T + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], x_tilde)
         # Read back below, as without QUANTIZE_Q: taken from the quantisation's registers, Q^ cost the main loop
         # 12.2 instead of 11.9 SASS per score element at d=64 and spill traffic at d=128 (docs/kernel-notes.md,
         # "Twelfth session"); the barrier makes the program's stores visible to all its threads.

@@ -63,11 +63,14 @@ def seq_desc(t, rows: int):
 def dkdv_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, kv_rows: int,
               q_rows: int, token: bool) -> tuple:
     """The arguments of a Gluon dK/dV kernel up to its constexprs: TMA descriptors in boxes of kv_rows (one
-    tile, or both of a warp-specialised program) and q_rows (a block or a slice), the scales, the outputs."""
+    tile, or both of a warp-specialised program) and q_rows (a block or a slice), the scales, the outputs. q8t:
+    dK's Q operand, Q^T INT8 (block) or Q~ in bf16 rows (token; quantize.empty_q_cols)."""
     b, h, n, d = q8.shape
     rows = b * h * n
+    # dK's Q operand (quantize.empty_q_cols): Q~ in bf16 rows (token), or Q^T INT8 (block)
+    qt_desc = desc(q8t.reshape(rows, d), [q_rows, d]) if token else desc(q8t.reshape(b * h * d, n), [d, q_rows])
     return (desc(k8.reshape(rows, d), [kv_rows, d]), seq_desc(v, kv_rows), desc(q8.reshape(rows, d), [q_rows, d]),
-            seq_desc(do, q_rows), desc(q8t.reshape(b * h * d, n), [d, q_rows]),
+            seq_desc(do, q_rows), qt_desc,
             desc(do8t.reshape(b * h * d, n), [d, q_rows]), desc(lse2.reshape(rows), [q_rows]),
             desc(delta.reshape(rows), [q_rows]), s_q, s_k, s_do, tile_scales, dk, dv, *dk.stride()[:3],
             1.0 / d ** 0.5, n, h, desc((s_q if token else lse2).reshape(rows), [q_rows]))   # block: unused

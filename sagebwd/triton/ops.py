@@ -89,7 +89,8 @@ def _forward_fake(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
     def transposed(written: bool):   # an INT8 copy in k order, or the empty placeholder
         return q.new_empty((b, h, d, n) if written else (0,), dtype=i8)
     return (empty_in_layout_of(q, q.dtype), q.new_empty((b, h, n), dtype=f32),
-            q.new_empty((b, h, n, d), dtype=i8), transposed(for_backward),
+            q.new_empty((b, h, n, d), dtype=i8),
+            _quant.empty_q_cols(q, token) if for_backward else q.new_empty((0,), dtype=i8),
             q.new_empty((b, h, n if token else n // block_q), dtype=f32),
             q.new_empty((b, h, n, d), dtype=i8), transposed(_quant.writes_k_cols(for_backward, token)),
             q.new_empty((b, h, n if token else n // block_kv), dtype=f32),

@@ -51,7 +51,7 @@ def _quantize_tile(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, s
         tl.store(BLOCK_MEAN + (bh * (N // BLOCK) + tile) * HEAD_DIM + offs_d, mu)
         x -= mu[None, :]
     if TOKEN:
-        x8, scale = quantize_token_rows(x)
+        x8, scale, x_tilde = quantize_token_rows(x)
         tl.store(SCALE + bh * N + offs_n, scale)
     else:
         x3 = tl.reshape(x, [S, BLOCK, HEAD_DIM])
@@ -63,7 +63,10 @@ def _quantize_tile(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, s
     if WRITE_ROWS:
         tl.store(ROWS + out + offs_n[:, None] * HEAD_DIM + offs_d[None, :], x8)
     if WRITE_COLS:
-        tl.store(COLS + out + offs_d[:, None] * N + offs_n[None, :], to_k_order(tl.trans(x8)))
+        if TOKEN:   # Q~ (Q / s_Q, unrounded) in bf16 rows: the token contract's dK operand (simulate.with_dk_q)
+            tl.store(COLS + out + offs_n[:, None] * HEAD_DIM + offs_d[None, :], x_tilde)
+        else:
+            tl.store(COLS + out + offs_d[:, None] * N + offs_n[None, :], to_k_order(tl.trans(x8)))
 
 
 @triton.jit
@@ -343,14 +346,14 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
     mean: (B*H, D) fp32 subtracted from every row first (K-smoothing).
     smooth_block: subtract each block's own row mean (Q-smoothing); returned as (B, H, N/block, D).
     token: one scale per row instead of per block (the "token" contract's Q and K).
-    Returns (rows int8 (B,H,N,D) or None, cols int8 (B,H,D,N) in k order or None, scale (B,H,N/block)
-    or (B,H,N) with token, block_mean or None).
+    Returns (rows int8 (B,H,N,D) or None, cols (empty_q_cols: int8 (B,H,D,N) in k order, with token x / scale
+    in bf16 rows) or None, scale (B,H,N/block) or (B,H,N) with token, block_mean or None).
     """
     b, h, n, d = x.shape
     assert n % block == 0, f"sequence length {n} is not a multiple of the block {block}"
     dev = x.device
     out_rows = torch.empty(b, h, n, d, device=dev, dtype=torch.int8) if rows else None
-    out_cols = torch.empty(b, h, d, n, device=dev, dtype=torch.int8) if cols else None
+    out_cols = empty_q_cols(x, token) if cols else None
     scale = torch.empty(b, h, n if token else n // block, device=dev, dtype=torch.float32)
     block_mean = torch.empty(b, h, n // block, d, device=dev, dtype=torch.float32) if smooth_block else None
     dummy = scale  # never dereferenced: the matching constexpr flag is off
@@ -417,6 +420,15 @@ def writes_k_cols(cols: bool, token: bool) -> bool:
     return cols and not token
 
 
+def empty_q_cols(like: torch.Tensor, token: bool) -> torch.Tensor:
+    """Q as the backward's dK product takes it, for a (B, H, N, D) Q like `like`, unwritten: Q^T INT8 in k order
+    (B, H, D, N), or in the token contract Q~ = Q / s_Q (Q^ before its rounding) in bf16 rows (B, H, N, D), a 16-bit
+    product's operand (simulate.token_dk). The quantise launch writes it, or the token forward with Q."""
+    b, h, n, d = like.shape
+    return like.new_empty((b, h, n, d), dtype=torch.bfloat16) if token else like.new_empty((b, h, d, n),
+                                                                                          dtype=torch.int8)
+
+
 def _qkv_tile(block_q: int, block_kv: int, token: bool) -> tuple[int, int]:
     """(V's block, the quantise launch's tile): V is quantised per the forward's kv tile (validate.key_tile), and
     every program takes a tile of the largest block (with the smaller blocks' programs launched alone, one launch
@@ -440,7 +452,7 @@ def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, 
     k8t = i8(b, h, d, n) if writes_k_cols(cols, token) else None
     s_k = f32(b, h, n) if token else f32(b, h, n // block_kv)
     s_v = f32(b, h, n // block_v)
-    q8, q8t = i8(b, h, n, d), i8(b, h, d, n) if cols else None
+    q8, q8t = i8(b, h, n, d), empty_q_cols(q, token) if cols else None
     s_q = f32(b, h, n) if token else f32(b, h, n // block_q)
     mu_q = f32(b, h, n // block_q, d) if smooth_q else None
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v

@@ -3,16 +3,16 @@
 
 Today's d=128 dK/dV runs as two launches (dv, then dk; dkdv_ws_hopper), each computing S^T and P^T of every
 (kv tile, q block): one warpgroup cannot hold dV's and dK's 64 x 128 fp32 accumulators beside the per-block
-temporaries the token contract needs (dV's FP8 product scaled by s_dO / 256 per q block, dK's int32 product
-by the rows' Y scales). Here one program holds one 64-row kv tile and two consumer warpgroups share it:
+temporaries the token contract needs (dV's FP8 product scaled by s_dO / 256 per q block, dK's bf16 operand
+Y^T). Here one program holds one 64-row kv tile and two consumer warpgroups share it:
 
 - warpgroup 0 (the default partition): S^T = K^ Q^T of both q slices, 256 P^T = exp2(...) (masked on the
   causal diagonal block), P^T into shared memory (fp32, one buffer of both slices: p_full / p_empty
   mbarriers), then dV = P^T dO in FP8 e4m3, both slices chained, scaled per q block;
 - warpgroup 1: dP^T = V dO^T of both slices (bf16), P^T from shared memory, Y^T = P^T (dP^T s_Q - delta s_Q),
-  its row maxima over both slices, Y^ and dK = Y^T Q (INT8), scaled per row;
+  dK += bf16(Y^T) Q~ (Q~ = Q / s_Q in bf16 rows, simulate.token_dk);
 - a producer warp fills the ring of q blocks (dkdv_ws_hopper._producer, PASS BOTH: Q^, LSE, s_Q, dO^T, dO,
-  Q^T, delta s_Q per block), which both warpgroups release.
+  Q~, delta s_Q per block), which both warpgroups release.
 
 The arithmetic is dkdv_hopper._q_block_token's, element by element (P^T is the same fp32 number in both
 warpgroups), so dK and dV should be bit-identical to the Triton token kernel's. Worked out in
@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from .. import hopper
 from .._common import dos_power
 from ..dkdv_hopper import (BOTH, G_P_E4M3_SCALE, _allocate, _allocate_token, _cta_barrier, _release,
-                           _row_scales, _rows, _rows_dot, _slice_vector, _token_probs, _token_y, kv_tile_layouts)
+                           _rows, _rows_dot, _rows_dot16, _slice_vector, _token_probs, _token_y, kv_tile_layouts)
 from ..dkdv_ws_hopper import PRODUCER_REGS, _producer, ring_barriers
 from ..launch import launch
 
@@ -80,8 +80,8 @@ def _p_role(k_smem, q_smem, dot_smem, lse_smem, sq_smem, p_smem, kv_bar, full, e
         p_smem.index(1).store(p_b)
         _release(p_full, 0)   # every warp's stores are done (a named barrier), then one arrive
         # dV = P^T dO in FP8 e4m3, both slices chained in fp32; the q block's scale is one number
-        dv_prod = _rows_dot(p_a, p_b, None, dot_smem, slot, op_layout,
-                            gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout), True, SLICE, True, True)
+        dv_prod = _rows_dot(p_a, p_b, dot_smem, slot, op_layout,
+                            gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout), True, SLICE, True)
         dv_prod = warpgroup_mma_wait(0, deps=[dv_prod])
         dv += dv_prod * (gl.load(SDO_bh + blk) * (1.0 / G_P_E4M3_SCALE))
         _release(empty, 2 * slot)
@@ -93,16 +93,14 @@ def _p_role(k_smem, q_smem, dot_smem, lse_smem, sq_smem, p_smem, kv_bar, full, e
 @gluon.jit
 def _y_role(v_tile, do_smem, qt_smem, delta_smem, sq_smem, p_smem, kv_bar, full, empty, p_full, p_empty, DK_bh,
             stride_gn, start_n, n_blocks, sm_scale, SDO_bh, first, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-    """Warpgroup 1: dP^T of each q block, P^T from warpgroup 0, Y^T, its row scales, dK (s_dO of block first + r
-    gives the power of two its dO s_Q and delta s_Q carry, _common.dos_power)."""
+    """Warpgroup 1: dP^T of each q block, P^T from warpgroup 0, Y^T, dK (s_dO of block first + r gives the power
+    of two its dO s_Q and delta s_Q carry, _common.dos_power)."""
     s_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[0]
     dp_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[1]
     acc_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[2]
-    op_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[3]
     col: gl.constexpr = gl.SliceLayout(0, s_layout)
     zero_dp = gl.zeros([SLICE, SLICE], gl.float32, dp_layout)
-    zero_acc = gl.zeros([SLICE, HEAD_DIM], gl.int32, acc_layout)
-    dk = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout)
+    dk = gl.zeros([SLICE, HEAD_DIM], gl.float32, kv_tile_layouts(SLICE, HEAD_DIM)[4])   # a bf16 dot's accumulator
     mbarrier.wait(kv_bar, 0)
     for r in range(n_blocks):
         slot = r % STAGES
@@ -120,19 +118,18 @@ def _y_role(v_tile, do_smem, qt_smem, delta_smem, sq_smem, p_smem, kv_bar, full,
         y_a = _token_y(p_a, dpt_a, dsq_a, s_layout)
         dpt_b = warpgroup_mma_wait(0, deps=[dpt_b])
         y_b = _token_y(p_b, dpt_b, _slice_vector(delta_smem, slot, 1, col, SLICE, True), s_layout)
-        # Y^T's scale per (kv row, q block): the row maximum over both slices
-        y_scale, y_inv = _row_scales(gl.maximum(gl.max(gl.abs(y_a), axis=1), gl.max(gl.abs(y_b), axis=1)))
-        dk_int = _rows_dot(y_a, y_b, y_inv, qt_smem, slot, op_layout, zero_acc, True, SLICE, True, False)
-        dk_int = warpgroup_mma_wait(0, deps=[dk_int])
-        if do_smem.dtype == gl.float16:   # dO s_Q and delta s_Q carry c (_common.dos_power)
-            y_scale = y_scale * dos_power(gl.load(SDO_bh + first + r), True)[1]
-        dk += dk_int.to(gl.float32) * gl.convert_layout(y_scale, gl.SliceLayout(1, acc_layout))[:, None]
+        if do_smem.dtype == gl.float16:   # dO s_Q and delta s_Q carry c (_common.dos_power); 1 / c is exact
+            c_inv = dos_power(gl.load(SDO_bh + first + r), True)[1]
+            y_a = y_a * c_inv
+            y_b = y_b * c_inv
+        dk = _rows_dot16(y_a, y_b, qt_smem, slot, dk, True, SLICE, HEAD_DIM, True)   # dK += bf16(Y^T) Q~
+        dk = warpgroup_mma_wait(0, deps=[dk])
         _release(empty, 2 * slot)
     offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     # dK's terms came from 256 P: exact in a power of two
     gl.store(DK_bh + offs_r[:, None] * stride_gn + offs_d[None, :],
-             (dk * (sm_scale * (1.0 / G_P_E4M3_SCALE))).to(DK_bh.dtype.element_ty))
+             gl.convert_layout(dk * (sm_scale * (1.0 / G_P_E4M3_SCALE)), acc_layout).to(DK_bh.dtype.element_ty))
 
 
 @gluon.jit

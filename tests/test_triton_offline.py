@@ -61,6 +61,18 @@ def test_gluon_kernels_compile_with_the_tensor_cores_left_running():
             assert r["spill_bytes"] == 0, f"d={r['head_dim']} {r['kernel']}: {r['spill_bytes']} B spilled"
 
 
+def test_token_gluon_kernels_fit_a_hopper_block():
+    """The token contract's Gluon kernels, the defaults and the experimental dK/dV by role (d=128), build for sm_90
+    within the registers and shared memory an H100/H200 gives a block (the dK operand Q~ in bf16 doubled that ring
+    entry: the roles kernel's two-entry ring then needed 257 KB)."""
+    rows = offline.report((64, 128), arch=90, seq=1024, quant="token")
+    rows += offline.report((128,), arch=90, seq=1024, quant="token", kernels="triton,dkdv=gluon-roles")
+    gluon = [r for r in rows if "STAGES" in r["constexprs"]]
+    assert {(r["head_dim"], r["kernel"]) for r in gluon} >= {(64, "dkdv"), (128, "dkdv"), (128, "dk"), (128, "dv")}
+    for r in gluon:
+        assert r["regs"] <= 255 and r["shared"] <= HOPPER_SHARED_BYTES, (r["head_dim"], r["kernel"], r["shared"])
+
+
 @pytest.mark.parametrize("argv,message", [(["--head-dim", "96"], "head_dim 64 or 128"),
                                           (["--blocks", "128", "48"], "BLOCK_KV=48"),
                                           (["--arch", "80"], "Hopper"),

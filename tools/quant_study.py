@@ -97,6 +97,11 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      Rounding Y = 256 dS s_Q to bf16 is dS's rounding (a power of two and a per-row scale). y16s: K - mean in
      K's place. Everything else is variant a. Not in the default list (``--variants a y16 y16s``).
 
+  dk16  dK's product in bf16: dK = sm_scale bf16(dS)^T Q16, Q the input rounded to bf16; dk16q: bf16(dS s_Q)^T Q^
+     with the integer Q^. The contract's dK since 2026-11-28 (nineteenth session) is dk16's with Q~ = Q / s_Q in
+     bf16 in Q16's place (simulate.token_dk: s_Q cancels against Y's); y8: the INT8 Y^ per (kv token, q block) times
+     Q^ it replaced. Everything else is variant a. Not in the default list (``--variants a y8 dk16 dk16q``).
+
 Variants e and f keep the backward's token-contract formulas (X = dS s_K, Y = dS s_Q) with the
 group scale of each token. Fake quantisation: FP8 values are rounded to e4m3 (round to nearest even,
 subnormals kept, clamped to +-448) and the products of dequantised values are summed in fp64; the

@@ -275,8 +275,8 @@ def token_y(p, do_c, delta, saved: Saved, s_do):
 def _token_products(p, ds, y, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
     """dV, dQ, dK with every scale along the free axis of its product:
     dV in FP8 (P e4m3 with the static scale 1/256, dO^ e4m3 per block); dQ from Y (y, token_y's) in bf16 with K in
-    bf16 (token_dq); dK from the same Y in bf16 with Q~ in bf16 (token_dk). Returns the dequantised P and dS (dS as dQ sees
-    it) as callables."""
+    bf16 (token_dq); dK from the same Y in bf16 with Q~ in bf16 (token_dk). Returns the dequantised P and dS (dS as
+    dQ sees it) as callables."""
     b, h, n, d = saved.v.shape
     tm, bq = n // cfg.block_q, cfg.block_q
 

@@ -142,9 +142,9 @@ def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem
                 SLICE: gl.constexpr, PASS: gl.constexpr, sq_desc, sq_smem, TOKEN: gl.constexpr):
     """TMA of all of q block `blk` into ring slot r % STAGES on one barrier, each tensor as one copy of
     the whole block: Q^ and LSE (TOKEN: and s_Q, one scale per q row), dO^T for dV, dO, Q^T (TOKEN: Q~
-    rows, _qt_copy) and delta for dK. (A Gluon kernel that is not warp specialised puts a CTA barrier and ~13 instructions at
-    every copy: at d=64 per-slice copies were 16% of the loop's instructions; per-slice barriers
-    measured 6% slower there.)"""
+    rows, _qt_copy) and delta for dK. (A Gluon kernel that is not warp specialised puts a CTA barrier and
+    ~13 instructions at every copy: at d=64 per-slice copies were 16% of the loop's instructions; per-slice
+    barriers measured 6% slower there.)"""
     slot = r % STAGES
     bar = bars.index(2 * slot)
     dv_bytes: gl.constexpr = dot_desc.block_type.nbytes if PASS != DK_ONLY else 0

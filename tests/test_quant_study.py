@@ -302,3 +302,20 @@ def test_dk16_moves_only_dk_and_brings_it_closer_to_fpa():
         assert all(torch.equal(out[name][c], out["a"][c]) for c in ("o", "dq", "dv", "ds")), name
     assert e["dk16"] < 0.8 * e["y8"] and e["dk16q"] < e["y8"], e
     assert abs(e["a"] - e["dk16"]) < 0.05 * e["dk16"] and e["a"] < e["dk16q"], e
+
+
+def test_ds16_keeps_the_contracts_accuracy_without_s_q():
+    """ds16 (dQ and dK as bf16 products of dS itself, dP from dO as given): O, dV unchanged against a; dQ and dK
+    within 5% of a's at sigma 1 (s_Q's rounding of dO s_Q and the bf16 rounding of Y in place of dS's are all a
+    contract that reads s_Q adds), and ds16's dQ and dK are y16's and dk16's."""
+    from sagebwd.fpa import fpa_attention
+    q, k, v, do = gaussian_inputs(1.0, 1, 2, 256, 64, 0)
+    cfg = SageConfig(causal=True, block_q=64, block_kv=32, quant="token")
+    out = run_variants(q, k, v, do, cfg, ["a", "ds16", "y16", "dk16"])
+    ref = fpa_attention(q, k, v, do, causal=True)
+    assert all(torch.equal(out["ds16"][c], out["a"][c]) for c in ("o", "dv"))
+    assert torch.equal(out["ds16"]["dq"], out["y16"]["dq"]) and torch.equal(out["ds16"]["dk"], out["dk16"]["dk"])
+    for c in ("dq", "dk"):
+        r = getattr(ref, c).double()
+        err = {n: float((out[n][c].double() - r).norm() / r.norm()) for n in ("a", "ds16")}
+        assert abs(err["ds16"] - err["a"]) < 0.05 * err["a"], (c, err)

@@ -101,6 +101,9 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      with the integer Q^. The contract's dK since 2026-11-28 (nineteenth session) is dk16's with Q~ = Q / s_Q in
      bf16 in Q16's place (simulate.token_dk: s_Q cancels against Y's); y8: the INT8 Y^ per (kv token, q block) times
      Q^ it replaced. Everything else is variant a. Not in the default list (``--variants a y8 dk16 dk16q``).
+  ds16  y16's dQ and dk16's dK together: both products from dS itself, dP = dO V^T from dO as given (no dO s_Q c
+     rounded to dO's dtype, no power of two c for fp16), the backward the contract would have if nothing read s_Q
+     but S's recomputation (docs/kernel-notes.md, "Nineteenth session", Next 1). Not in the default list.
 
 Variants e and f keep the backward's token-contract formulas (X = dS s_K, Y = dS s_Q) with the
 group scale of each token. Fake quantisation: FP8 values are rounded to e4m3 (round to nearest even,
@@ -152,6 +155,7 @@ VARIANTS = {
     "y8": "bwd dK = Y^T Q^ with Y = dS s_Q INT8 per (kv token, q block), the contract until 2026-11-28 (dk16 now)",
     "dk16": "bwd dK = dS^T Q in bf16: dS unquantised, rounded to bf16, Q as given in bf16 (no s_Q, no Q^)",
     "dk16q": "bwd dK = Y^T Q^ in bf16: Y = dS s_Q rounded to bf16, Q^ the integers (exact in bf16)",
+    "ds16": "bwd dQ = dS K and dK = dS^T Q in bf16 from dS itself (dP from dO, no s_Q, no c): y16 and dk16 together",
 }
 DP_VARIANTS = ("dpi8", "dpf8", "dpi8b")
 WIDE_TILE = 128   # keys one INT8 product P^ V^ spans in p128 / p128vc
@@ -479,6 +483,9 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
             out[name] = {**base, "dq": dq_y, "ds": ds_y}
         elif name in ("dk16", "dk16q"):   # dK only
             out[name] = {**base, "dk": _bf16_dk(saved, inter, q, cfg, integer_q=name == "dk16q")}
+        elif name == "ds16":   # dQ and dK from dS itself
+            dq_y, ds_y = _bf16_ds_dq(saved, inter, q, k, cfg, smoothed=False)
+            out[name] = {**base, "dq": dq_y, "ds": ds_y, "dk": _bf16_dk(saved, inter, q, cfg, integer_q=False)}
         elif name == "y8":   # dK only
             out[name] = {**base, "dk": _int8_y_dk(saved, inter, cfg)}
         elif name == "dqfix":   # the contract's dQ, summed in fixed point

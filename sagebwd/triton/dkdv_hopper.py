@@ -639,7 +639,7 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
             y_b = y_b * c_inv
             if HAS_A:
                 p_a = p_a * c_inv
-        dk_int = _rows_dot16(p_a if HAS_A else y_b, y_b, qt_smem, slot, dk, HAS_A, SLICE, HEAD_DIM, BLOCKED)
+        dk_next = _rows_dot16(p_a if HAS_A else y_b, y_b, qt_smem, slot, dk, HAS_A, SLICE, HEAD_DIM, BLOCKED)
         if DQ_MODE == PRODUCT_Y16_DQ:
             if HAS_A:
                 _y16_probe(p_a, dq_x.index(0))
@@ -648,7 +648,7 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
             if HAS_A:
                 _x_probe(p_a, kq, dq_x.index(0))
             _x_probe(y_b, kq, dq_x.index(1))
-        dk = warpgroup_mma_wait(0, deps=[dk_int])
+        dk = warpgroup_mma_wait(0, deps=[dk_next])
 
     if WS:
         _cta_barrier()   # as _release, for both slices' entries

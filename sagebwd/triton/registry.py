@@ -129,7 +129,8 @@ TABLE = {
     ("sm90", 64, "dkdv", "token"): Row("gluon-ws", ("gluon", "triton"),
                                        "H100: -17% causal, -10% full vs Triton (which spills)"),
     ("sm90", 128, "dkdv", "token"): Row("gluon-ws", ("gluon", "triton", "gluon-roles"),
-                                        "H100: -28% causal and full vs Triton; gluon-roles +6% causal, +10% full"),
+                                        "H100: -28% causal and full vs Triton; gluon-roles +6% causal, +10% full "
+                                        "(with dK's INT8 Y^ and a two-entry ring; one entry since)"),
     # (the Gluon comparisons measured with the dQ's INT8 X^; with Y in bf16 the Triton dQ is +19-42% on an H200)
     ("sm90", 64, "dq", "token"): Row("gluon-ws", ("gluon", "triton", "gluon-ws2"),
                                      "H100: plain Gluon +12% causal, +21% full; gluon-ws2 +3% causal, +5% full"),

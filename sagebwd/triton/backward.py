@@ -559,6 +559,10 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delt
     b, h, n, d = q8.shape
     if quant == "token" and k is None:
         raise ValueError("the token contract's dQ is a bf16 product with K itself: pass k (the attention's K)")
+    if quant == "token" and (q8t is None or q8t.dtype != torch.bfloat16 or tuple(q8t.shape) != (b, h, n, d)):
+        got = "None" if q8t is None else f"{q8t.dtype} {tuple(q8t.shape)}"
+        raise ValueError(f"the token contract's dK takes Q~ = Q / s_Q in bf16 rows {(b, h, n, d)} in q8t's place "
+                         f"(quantize.empty_q_cols, written by the forward with for_backward=True): got {got}")
     dq = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype or v.dtype)
     dk = torch.empty_like(dq)
     dv = torch.empty_like(dq)

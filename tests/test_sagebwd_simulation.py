@@ -375,33 +375,22 @@ def test_kernel_choice_check_traces_without_dynamo_warnings():
         torch.compile(lambda x: checked(x, "dkdv=glon"), backend="eager", fullgraph=True)(torch.ones(3))
 
 
-def test_token_dq_without_k_is_refused_with_a_fix():
-    """The token contract's dQ is a bf16 product with K itself: the simulation's backward refuses a Saved without it
-    (simulate.with_dq_k adds it), and the kernels' backward refuses a call without k, each saying what to pass."""
+def test_token_backward_without_its_16bit_operands_is_refused_with_a_fix():
+    """The token contract's dQ and dK are bf16 products with K itself and with Q~ = Q / s_Q: the simulation's backward
+    refuses a Saved without either (simulate.with_dq_k, with_dk_q add them), and the kernels' backward refuses a call
+    without k or with an INT8 Q^T where Q~ goes, each saying what to pass."""
     from sagebwd.triton import backward as kb
     q, k, v, do = qkvdo(1, 1, 128, 64, dtype=torch.float32)
     cfg = SageConfig(causal=True, quant="token")
     _, saved = forward(q, k, v, cfg)
     with pytest.raises(ValueError, match="needs K in bf16.*with_dq_k"):
         backward(saved._replace(dq_k=None), do, cfg)
-    x = torch.zeros(1, 1, 128, 64)
-    with pytest.raises(ValueError, match="pass k"):
-        kb.backward(x, None, None, None, x, None, None, None, None, None, x, None, causal=True, smooth_k=True,
-                    block_q=128, block_kv=64, quant="token")
-
-
-def test_token_dk_without_q_tilde_is_refused_with_a_fix():
-    """The token contract's dK is a bf16 product with Q~ = Q / s_Q: the simulation's backward refuses a Saved without
-    it (simulate.with_dk_q adds it), and the kernels' backward refuses an INT8 Q^T in its place, each saying what to
-    pass."""
-    from sagebwd.triton import backward as kb
-    q, k, v, do = qkvdo(1, 1, 128, 64, dtype=torch.float32)
-    cfg = SageConfig(causal=True, quant="token")
-    _, saved = forward(q, k, v, cfg)
     with pytest.raises(ValueError, match="needs Q~ in bf16.*with_dk_q"):
         backward(saved._replace(dk_q=None), do, cfg)
     x = torch.zeros(1, 1, 128, 64)
+    common = dict(causal=True, smooth_k=True, block_q=128, block_kv=64, quant="token")
+    with pytest.raises(ValueError, match="pass k"):
+        kb.backward(x, None, None, None, x, None, None, None, None, None, x, None, **common)
     q8t = torch.zeros(1, 1, 64, 128, dtype=torch.int8)   # the block contract's Q^T
     with pytest.raises(ValueError, match=r"Q~ = Q / s_Q in bf16 rows \(1, 1, 128, 64\).*got torch.int8"):
-        kb.backward(x, None, None, None, x, q8t, None, None, None, None, x, None, k=x, causal=True, smooth_k=True,
-                    block_q=128, block_kv=64, quant="token")
+        kb.backward(x, None, None, None, x, q8t, None, None, None, None, x, None, k=x, **common)

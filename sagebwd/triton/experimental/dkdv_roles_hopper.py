@@ -102,7 +102,8 @@ def _y_role(v_tile, do_smem, qt_smem, delta_smem, sq_smem, p_smem, kv_bar, full,
     acc_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[2]
     col: gl.constexpr = gl.SliceLayout(0, s_layout)
     zero_dp = gl.zeros([SLICE, SLICE], gl.float32, dp_layout)
-    dk = gl.zeros([SLICE, HEAD_DIM], gl.float32, kv_tile_layouts(SLICE, HEAD_DIM)[4])   # a bf16 dot's accumulator
+    acc16_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[4]   # a bf16 dot's accumulator
+    dk = gl.zeros([SLICE, HEAD_DIM], gl.float32, acc16_layout)
     mbarrier.wait(kv_bar, 0)
     for r in range(n_blocks):
         slot = r % STAGES

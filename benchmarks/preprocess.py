@@ -3,8 +3,8 @@
     python -m benchmarks.preprocess [--shapes B,H,N,D ...] [--quant token block] [--warps 2 4 8 16] [--json PATH]
 
 The preprocess reads dO and O (bf16, the model's layout: (B, N, H, D) storage viewed as (B, H, N, D)) and writes
-delta, the LSE in base 2 and the quantised dO^ in k order; with the token contract also delta s_Q, the shifted LSE
-and dO s_Q in dO's dtype (the token dK/dV's dP^T operand), 2 more bytes per element. Each launch is captured in a
+delta, the LSE in base 2 and the quantised dO^ in k order (INT8, or FP8 e4m3 with the token contract, which also
+writes the shifted LSE). Each launch is captured in a
 CUDA graph and replayed (the host does not count): milliseconds per call (the median of --repeats replays of
 --iters calls) per contract, shape and num_warps (the Tuning override "backward_preprocess"; "default": the op's
 choice, quantize._preprocess_warps), beside "one copy of as many bytes", a device copy that reads and writes as
@@ -23,22 +23,20 @@ SHAPES = [(4, 12, 4096, 64), (8, 16, 4096, 64), (8, 8, 4096, 128)]
 BLOCK_Q = 128   # the op's default q block, the preprocess's tile
 
 
-def preprocess_bytes(shape, quant: str) -> int:
-    """Bytes the preprocess must move at least: dO and O read (bf16), dO^ written (1 byte), and with the token
-    contract dO s_Q written (bf16); the per-row vectors (under 1%) left out."""
+def preprocess_bytes(shape) -> int:
+    """Bytes the preprocess must move at least, in either contract: dO and O read (bf16), dO^ written (1 byte: INT8
+    or FP8 e4m3); the per-row vectors (under 1%) left out."""
     b, h, n, d = shape
-    return b * h * n * d * (2 + 2 + 1 + (2 if quant == "token" else 0))
+    return b * h * n * d * (2 + 2 + 1)
 
 
 def preprocess_inputs(shape, device):
-    """dO and O as (B, H, N, D) views of (B, N, H, D) bf16 storage (the model's layout), the LSE and positive
-    token scales s_Q (fp32, (B, H, N))."""
+    """dO and O as (B, H, N, D) views of (B, N, H, D) bf16 storage (the model's layout), and the LSE (fp32,
+    (B, H, N))."""
     import torch
     b, h, n, d = shape
     do, o = (torch.randn(b, n, h, d, device=device).to(torch.bfloat16).transpose(1, 2) for _ in range(2))
-    lse = torch.randn(b, h, n, device=device)
-    s_q = torch.rand(b, h, n, device=device) + 0.01
-    return do, o, lse, s_q
+    return do, o, torch.randn(b, h, n, device=device)
 
 
 def preprocess_rows(shape, quant: str, warps, iters: int, repeats: int) -> list[dict]:
@@ -46,9 +44,8 @@ def preprocess_rows(shape, quant: str, warps, iters: int, repeats: int) -> list[
 
     from sagebwd.triton.launch import Tuning
     from sagebwd.triton.quantize import backward_preprocess
-    do, o, lse, s_q = preprocess_inputs(shape, "cuda")
-    s_q = s_q if quant == "token" else None
-    moved = preprocess_bytes(shape, quant)
+    do, o, lse = preprocess_inputs(shape, "cuda")
+    moved = preprocess_bytes(shape)
     src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")   # a copy reads and writes as many
     dst = torch.empty_like(src)
     rows = [dict(shape=list(shape), quant=quant, variant="one copy of as many bytes",
@@ -56,7 +53,7 @@ def preprocess_rows(shape, quant: str, warps, iters: int, repeats: int) -> list[
     for w in ["default", *warps]:
         tuning = None if w == "default" else Tuning(overrides={"backward_preprocess": {"num_warps": w}})
         rows.append(dict(shape=list(shape), quant=quant, variant=f"{w} warps" if w != "default" else "default",
-                         ms=graph_ms(lambda: backward_preprocess(do, o, lse, BLOCK_Q, s_q, tuning=tuning),
+                         ms=graph_ms(lambda: backward_preprocess(do, o, lse, BLOCK_Q, quant == "token", tuning=tuning),
                                      iters, repeats)))
     for row in rows:
         row["tb_per_s"] = moved / (row["ms"] * 1e-3) / 1e12

@@ -50,30 +50,6 @@ def _quantize(x: torch.Tensor, reduce_dims: tuple[int, ...], enabled: bool):
     return torch.round(scaled).clamp_(-QMAX, QMAX), scale
 
 
-def token_rows_unrounded(x: torch.Tensor, enabled: bool = True) -> torch.Tensor:
-    """x (..., D) in units of its per-token INT8 step, before the rounding (x * 127 / amax of its row, 0 for a row
-    below MIN_AMAX): the token contract's dK operand Q~ takes Q this way, rounded to bf16 (simulate.token_dk).
-    enabled False: x itself (its scales are 1)."""
-    return _scaled(x, (-1,))[0] if enabled else x
-
-
-def dos_power(s_do: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(c, 1 / c) per q block: the power of two by which the token contract scales dO s_Q and delta s_Q before dO s_Q
-    is rounded to dO's dtype. In fp16, with E the biased exponent of s_do (dO^'s e4m3 scale of the block, amax /
-    448) in fp32, c = 2^(124 - E), so the block's largest |dO| c lies in [56, 112): dO s_Q c stays in fp16's normal
-    range for any s_Q an fp16 Q can have (at most 65504 / 127), where dO s_Q itself underflows once |dO| s_Q <
-    2^-14. In any other dtype c = 1: bf16 has fp32's exponent range (and a power of two would change no bit of Y's
-    integers or of dK there), so its kernels keep their instructions. c comes from s_do's bits, as the kernels
-    take it (_common.dos_power, the Triton and Gluon kernels' alike), so that no tensor carries it."""
-    if dtype != torch.float16:
-        one = torch.ones_like(s_do, dtype=torch.float32)
-        return one, one
-    e = (s_do.float().contiguous().view(torch.int32) >> 23) & 0xFF
-    c = ((251 - e) << 23).view(torch.float32)
-    c_inv = ((e + 3) << 23).view(torch.float32)
-    return c, c_inv
-
-
 def round_to_e4m3(x: torch.Tensor) -> torch.Tensor:
     """x rounded to FP8 e4m3 (nearest, ties to even; saturating at +-448), held in x's dtype."""
     return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(x.dtype)

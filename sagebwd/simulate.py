@@ -22,14 +22,13 @@ block_kv = Bkv rows of K/V; docs/sagebwd.md has the table):
            max(Bkv, 128) keys (validate.key_tile): one INT8 product P^ V^ spans 128 keys.
   backward dV = P^T dO in FP8 e4m3: P with the static scale 1/256 (no maximum: P <= 1), dO per
            (Bq x D) block (amax / 448); the product summed in fp32 per q block (sagebwd.quant);
-           Y = dS * s_Q (token_y); dK = dS^T Q as a 16-bit product: Y rounded to bf16, transposed, times
-           Q~ = Q / s_Q (Q^ before its rounding) in bf16 (token_dk); dQ = dS K likewise: Y in bf16 times
-           K in bf16, divided by s_Q per row (token_dq). Neither has a scale to find (no maximum), so a
-           fused backward can make both from the Y it holds.
+           dS = P (dO V^T - delta) from dO as given; dQ = dS K and dK = dS^T Q as 16-bit products: dS
+           rounded to bf16 times K, and transposed times Q, both as given and rounded to bf16 (token_dq,
+           token_dk). No scale to find (no maximum), and nothing after S's recomputation reads s_Q.
 
 With Q-smoothing the bias sm_scale * mu_i K_sm^T is added to S in full
-precision, and dK gains the bias branch sm_scale * colsum(dS_i)^T mu_i computed
-from the unquantised dS.
+precision; in "block" dK gains the bias branch sm_scale * colsum(dS_i)^T mu_i computed
+from the unquantised dS ("token" needs none: its dK takes Q itself, mu_i included).
 """
 from __future__ import annotations
 
@@ -39,8 +38,8 @@ from typing import NamedTuple
 
 import torch
 
-from .quant import (P_E4M3_SCALE, QMAX, dequantize_tiles, dos_power, quantize_groups, quantize_row_blocks,
-                    quantize_row_blocks_e4m3, quantize_tiles, round_to_e4m3, token_rows_unrounded)
+from .quant import (P_E4M3_SCALE, QMAX, dequantize_tiles, quantize_groups, quantize_row_blocks,
+                    quantize_row_blocks_e4m3, quantize_tiles, round_to_e4m3)
 from .validate import QUANT_CONTRACTS, key_tile
 
 
@@ -73,7 +72,7 @@ class Saved(NamedTuple):
     o: torch.Tensor       # (B, H, N, D) input dtype
     lse: torch.Tensor     # (B, H, N) natural-log log-sum-exp
     dq_k: torch.Tensor | None = None   # "token": K as dQ's 16-bit product takes it, in bf16 (token_dq)
-    dk_q: torch.Tensor | None = None   # "token": Q~ = Q / s_Q as dK's 16-bit product takes it, in bf16 (token_dk)
+    dk_q: torch.Tensor | None = None   # "token": Q as dK's 16-bit product takes it, in bf16 (token_dk)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -127,7 +126,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: SageConfig):
     ct = compute_dtype(q.dtype)
     q_sm, k_sm, mu_q = smooth(q.to(ct), k.to(ct), cfg)
     o, saved = forward_quantized(*quantize_qk(q_sm, k_sm, cfg), mu_q, k_sm, v, cfg, q.dtype)
-    return o, with_dk_q(with_dq_k(saved, k, cfg), q_sm, cfg)
+    return o, with_dk_q(with_dq_k(saved, k, cfg), q, cfg)
 
 
 def with_dq_k(saved: Saved, k: torch.Tensor, cfg: SageConfig) -> Saved:
@@ -138,14 +137,13 @@ def with_dq_k(saved: Saved, k: torch.Tensor, cfg: SageConfig) -> Saved:
     return saved._replace(dq_k=k.detach().to(torch.bfloat16 if cfg.quantize else compute_dtype(k.dtype)))
 
 
-def with_dk_q(saved: Saved, q_sm: torch.Tensor, cfg: SageConfig) -> Saved:
-    """saved with the token contract's dK operand Q~ (token_dk): the smoothed Q in units of its per-token step,
-    unrounded (quant.token_rows_unrounded), in bf16 (in the compute dtype when cfg.quantize is off); the block
+def with_dk_q(saved: Saved, q: torch.Tensor, cfg: SageConfig) -> Saved:
+    """saved with the token contract's dK operand, Q as given rounded to bf16 (token_dk; Q as given in the compute
+    dtype when cfg.quantize is off): not the smoothed Q, so that dS^T Q holds Q-smoothing's bias branch; the block
     contract keeps none."""
     if cfg.quant != "token":
         return saved
-    q_tilde = token_rows_unrounded(q_sm, cfg.quantize)
-    return saved._replace(dk_q=q_tilde.to(torch.bfloat16) if cfg.quantize else q_tilde)
+    return saved._replace(dk_q=q.detach().to(torch.bfloat16 if cfg.quantize else compute_dtype(q.dtype)))
 
 
 def forward_quantized(q_hat, s_q, k_hat, s_k, mu_q, k_sm, v: torch.Tensor, cfg: SageConfig, out_dtype: torch.dtype):
@@ -189,7 +187,7 @@ class Intermediates(NamedTuple):
 def backward(saved: Saved, do: torch.Tensor, cfg: SageConfig, return_intermediates: bool = False,
              dp: torch.Tensor | None = None):
     """Algorithm 2. Returns (dq, dk, dv) in the input dtype [, Intermediates]. dp: dO V^T as given (tools.quant_study's
-    quantised dP variants) instead of computed, in dS and (token) in Y = dS s_Q alike."""
+    quantised dP variants) instead of computed."""
     b, h, n, d = saved.v.shape
     ct = compute_dtype(saved.v.dtype)
     sm_scale = 1.0 / math.sqrt(d)
@@ -199,20 +197,18 @@ def backward(saved: Saved, do: torch.Tensor, cfg: SageConfig, return_intermediat
     s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, sm_scale)
     p = torch.exp(s - saved.lse.unsqueeze(-1))
 
-    dp_given = dp is not None
     if dp is None:
         dp = do_c @ saved.v.to(ct).transpose(-1, -2)           # kept in 16-bit inputs, fp32 accumulate
     ds = p * (dp - delta.unsqueeze(-1))
     if cfg.quant == "token":
         do_hat, s_do = quantize_row_blocks_e4m3(do_c, bq, cfg.quantize)
-        y = ds * saved.s_q.unsqueeze(-1) if dp_given else token_y(p, do_c, delta, saved, s_do)
-        dv, dq, dk, p_seen, ds_seen = _token_products(p, ds, y, do_hat, s_do, saved, cfg, sm_scale)
+        dv, dq, dk, p_seen, ds_seen = _token_products(p, ds, do_hat, s_do, saved, cfg, sm_scale)
     else:
         do_hat, s_do = quantize_row_blocks(do_c, bq, cfg.quantize)
         dv, dq, dk, p_seen, ds_seen = _block_products(p, ds, do_hat, s_do, saved, cfg, sm_scale)
-    if saved.mu_q is not None:
-        col_sums = ds.reshape(b, h, tm, bq, n).sum(dim=3)       # (B,H,Tm,N): dS_i^T 1 per q block
-        dk = dk + sm_scale * torch.einsum("bhin,bhid->bhnd", col_sums, saved.mu_q)
+        if saved.mu_q is not None:   # the token contract's dK takes Q itself, mu_q included
+            col_sums = ds.reshape(b, h, tm, bq, n).sum(dim=3)       # (B,H,Tm,N): dS_i^T 1 per q block
+            dk = dk + sm_scale * torch.einsum("bhin,bhid->bhnd", col_sums, saved.mu_q)
 
     dtype = saved.v.dtype
     grads = dq.to(dtype), dk.to(dtype), dv.to(dtype)
@@ -239,44 +235,26 @@ def _block_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale
     return dv, dq, dk, lambda: dequantize_tiles(p_hat, s_p), lambda: dequantize_tiles(ds_hat, s_ds)
 
 
-def token_dq(y, saved: Saved, sm_scale: float, quantize: bool = True):
-    """The token contract's dQ = (sm_scale / s_Q) bf16(Y) K16 with Y = dS s_Q (token_y's, dK's operand before its
-    quantisation) and K16 K rounded to bf16 (saved.dq_k): a 16-bit product, so no scale or maximum (a fused backward
-    makes its operand from the Y it holds for dK; tools.quant_study variant y16: dQ's error at sigma 1 -44%
-    against an INT8 X per 128-key tile). Summed in the compute dtype (the kernels: fp32). Returns dQ and, as a
-    callable, dS as dQ sees it (bf16(Y) / s_Q). quantize False: Y unrounded (the formulas alone)."""
+def _bf16(x: torch.Tensor, quantize: bool) -> torch.Tensor:
+    """x rounded to bf16 and back (its compute dtype kept); x itself when quantize is off (the formulas alone)."""
+    return x.to(torch.bfloat16).to(x.dtype) if quantize else x
+
+
+def token_dq(ds, saved: Saved, sm_scale: float, quantize: bool = True):
+    """The token contract's dQ = sm_scale bf16(dS) K16 with K16 K as given rounded to bf16 (saved.dq_k): a 16-bit
+    product, so no scale or maximum (tools.quant_study variant y16: dQ's error at sigma 1 -44% against an INT8 dS
+    s_K per 128-key tile; K-smoothing's mean drops out, as dS's rows sum to zero). Summed in the compute dtype (the
+    kernels: fp32). Returns dQ and, as a callable, dS as dQ sees it (bf16(dS))."""
     if saved.dq_k is None:
         raise ValueError("the token contract's dQ needs K in bf16: Saved.dq_k (simulate.with_dq_k) is None")
-    ct = y.dtype
-    s_q = saved.s_q.unsqueeze(-1)
-    y16 = y.to(torch.bfloat16).to(ct) if quantize else y
-    dq = (y16 @ saved.dq_k.to(ct)) * (sm_scale / s_q)
-    return dq, lambda: torch.where(s_q > 0, y16 / torch.where(s_q > 0, s_q, torch.ones_like(s_q)),
-                                   torch.zeros_like(y16))
+    ds16 = _bf16(ds, quantize)
+    return (ds16 @ saved.dq_k.to(ds.dtype)) * sm_scale, lambda: ds16
 
 
-def token_y(p, do_c, delta, saved: Saved, s_do):
-    """The token contract's Y = dS s_Q (dK's operand before its quantisation, per q row's scale s_Q) as its
-    kernels form it: P (dP_s - delta s_Q c) / c with dP_s = (dO s_Q c) V^T, dO s_Q c rounded to the inputs' dtype
-    (the backward's preprocess writes it; the dK/dV kernels' dP^T product takes it in dO's place, so that they read
-    no s_Q per column) and c the q block's power of two from s_do, dO^'s scale per block (quant.dos_power: it keeps
-    dO s_Q c in fp16's normal range; the kernels hold c Y and take c back in dK's scale). In exact arithmetic dS
-    s_Q; the rounding of dO s_Q c moves dK's error by ~1% at sigma 1 in bf16 (tools.quant_study,
-    docs/kernel-notes.md); in bf16 c changes no bit."""
-    ct = compute_dtype(saved.v.dtype)
-    s_q = saved.s_q.unsqueeze(-1)   # per q row
-    c = dos_power(s_do, saved.v.dtype)[0].to(ct)   # per q block
-    c = c.repeat_interleave(s_q.shape[-2] // s_do.shape[-1], dim=-1).unsqueeze(-1)
-    do_s = ((do_c * s_q) * c).to(saved.v.dtype).to(ct)
-    dp_s = do_s @ saved.v.to(ct).transpose(-1, -2)
-    return p * (dp_s - (delta.unsqueeze(-1) * s_q) * c) / c
-
-
-def _token_products(p, ds, y, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
+def _token_products(p, ds, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_scale: float):
     """dV, dQ, dK with every scale along the free axis of its product:
-    dV in FP8 (P e4m3 with the static scale 1/256, dO^ e4m3 per block); dQ from Y (y, token_y's) in bf16 with K in
-    bf16 (token_dq); dK from the same Y in bf16 with Q~ in bf16 (token_dk). Returns the dequantised P and dS (dS as
-    dQ sees it) as callables."""
+    dV in FP8 (P e4m3 with the static scale 1/256, dO^ e4m3 per block); dQ and dK from dS in bf16 with K and Q in
+    bf16 (token_dq, token_dk). Returns the dequantised P and dS (as dQ and dK see it) as callables."""
     b, h, n, d = saved.v.shape
     tm, bq = n // cfg.block_q, cfg.block_q
 
@@ -286,21 +264,20 @@ def _token_products(p, ds, y, do_hat, s_do, saved: Saved, cfg: SageConfig, sm_sc
     p_hat = round_to_e4m3(p * P_E4M3_SCALE) if cfg.quantize else p * P_E4M3_SCALE   # 256 P, in e4m3
     pt_do = torch.einsum("bhiqn,bhiqd->bhind", by_q_block(p_hat), by_q_block(do_hat))
     dv = (pt_do * (s_do * (1.0 / P_E4M3_SCALE))[:, :, :, None, None]).sum(dim=2)
-    dq, ds_seen = token_dq(y, saved, sm_scale, cfg.quantize)
-    dk = token_dk(y, saved, cfg, sm_scale)
+    dq, ds_seen = token_dq(ds, saved, sm_scale, cfg.quantize)
+    dk = token_dk(ds, saved, cfg, sm_scale)
     return dv, dq, dk, lambda: p_hat * (1.0 / P_E4M3_SCALE), ds_seen
 
 
-def token_dk(y, saved: Saved, cfg: SageConfig, sm_scale: float):
-    """The token contract's dK = sm_scale bf16(Y)^T Q~ with Y = dS s_Q (token_y's, (B,H,N,N), q rows) and Q~ = Q /
-    s_Q in bf16 (saved.dk_q, with_dk_q): s_Q cancels, and a 16-bit product needs no scale or maximum (the INT8 Y^
-    per (kv token, q block) it replaced: dK's error at sigma 1 about halves, tools.quant_study variant dk16).
-    Summed in the compute dtype (the kernels: fp32, per q block). quantize False: Y unrounded (the formulas)."""
+def token_dk(ds, saved: Saved, cfg: SageConfig, sm_scale: float):
+    """The token contract's dK = sm_scale bf16(dS)^T Q16 with dS (B,H,N,N) in q rows and Q16 Q as given rounded to
+    bf16 (saved.dk_q, with_dk_q): a 16-bit product needs no scale or maximum (the INT8 dS s_Q per (kv token, q block)
+    times Q^ it replaced: dK's error at sigma 1 about halves, tools.quant_study variants dk16, ds16), and with Q
+    itself, Q-smoothing's mean included, no bias branch. Summed in the compute dtype (the kernels: fp32, per q
+    block)."""
     if saved.dk_q is None:
-        raise ValueError("the token contract's dK needs Q~ in bf16: Saved.dk_q (simulate.with_dk_q) is None")
-    ct = y.dtype
-    y16 = y.to(torch.bfloat16).to(ct) if cfg.quantize else y
-    return (y16.transpose(-1, -2) @ saved.dk_q.to(ct)) * sm_scale
+        raise ValueError("the token contract's dK needs Q in bf16: Saved.dk_q (simulate.with_dk_q) is None")
+    return (_bf16(ds, cfg.quantize).transpose(-1, -2) @ saved.dk_q.to(ds.dtype)) * sm_scale
 
 
 class SimulatedSageBwd(torch.autograd.Function):

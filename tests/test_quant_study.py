@@ -247,8 +247,9 @@ def test_dqfix_sums_dq_in_fixed_point_within_its_bound():
 
 def test_dos_moves_only_dk_and_by_little():
     """dos: s_Q moved into the dK/dV kernel's dP^T product (dO s_Q in bf16, delta s_Q as bf16 hi + lo). Only dK
-    sees it; computed without the bf16 roundings it is the contract's dK to fp32 rounding, and with them its error
-    against FPA stays within 5% of a's (docs/kernel-notes.md: +0.0002 at sigma 1, N=1024)."""
+    sees it; computed without the bf16 roundings of dO s_Q and delta s_Q it is the contract's dK up to fp32 rounding
+    (which moves a few of dS's bf16 ties: ~1e-5 rel-L2), and with them its error against FPA stays within 5% of a's
+    (docs/kernel-notes.md: +0.0002 at sigma 1, N=1024)."""
     from sagebwd.simulate import backward, forward
     from tools import quant_study
     q, k, v, do = gaussian_inputs(1.0, 1, 2, 256, 64, 0)
@@ -261,7 +262,7 @@ def test_dos_moves_only_dk_and_by_little():
     _, saved = forward(q, k, v, cfg)
     (_, dk, _), inter = backward(saved, do, cfg, return_intermediates=True)
     exact = quant_study.prescaled_do_dk(saved, inter, do, cfg, rounded=False)
-    assert torch.allclose(exact, dk, rtol=1e-3, atol=1e-5 * dk.abs().max().item())
+    assert float((exact - dk).norm() / dk.norm()) < 1e-4
 
 
 def test_y16_changes_only_dq_and_is_a_bf16_product_of_ds():
@@ -287,8 +288,8 @@ def test_y16_changes_only_dq_and_is_a_bf16_product_of_ds():
 def test_dk16_moves_only_dk_and_brings_it_closer_to_fpa():
     """dk16 / dk16q (dK as a bf16 product: bf16(dS)^T Q, or bf16(dS s_Q)^T Q^) and y8 (the INT8 Y^ the contract had
     until 2026-11-28): only dK moves against a. At sigma 1, where Y's INT8 rounding dominated dK's error, the 16-bit
-    products come closer to FPA than y8; the contract's (bf16(Y)^T Q~, Q~ = Q / s_Q in bf16) is dk16's to within
-    5%, and the integer Q^ of dk16q loses part of the gain."""
+    products come closer to FPA than y8; the contract's (dk16's since the twentieth session, summed in fp32) is
+    dk16's to within 5%, and the integer Q^ of dk16q loses part of the gain."""
     from sagebwd.fpa import fpa_attention
     q, k, v, do = gaussian_inputs(1.0, 1, 2, 256, 64, 0)
     cfg = SageConfig(causal=True, block_q=64, block_kv=32, quant="token")
@@ -304,10 +305,10 @@ def test_dk16_moves_only_dk_and_brings_it_closer_to_fpa():
     assert abs(e["a"] - e["dk16"]) < 0.05 * e["dk16"] and e["a"] < e["dk16q"], e
 
 
-def test_ds16_keeps_the_contracts_accuracy_without_s_q():
-    """ds16 (dQ and dK as bf16 products of dS itself, dP from dO as given): O, dV unchanged against a; dQ and dK
-    within 5% of a's at sigma 1 (s_Q's rounding of dO s_Q and the bf16 rounding of Y in place of dS's are all a
-    contract that reads s_Q adds), and ds16's dQ and dK are y16's and dk16's."""
+def test_ds16_is_the_contract_up_to_its_sums_order():
+    """ds16 (dQ and dK as bf16 products of dS itself, dP from dO as given), the token contract since the twentieth
+    session: O, dV equal a's; dQ and dK a's up to the order of their sums (fp64 here, fp32 in the simulation), so
+    within 1% of a's error at sigma 1; and ds16's dQ and dK are y16's and dk16's."""
     from sagebwd.fpa import fpa_attention
     q, k, v, do = gaussian_inputs(1.0, 1, 2, 256, 64, 0)
     cfg = SageConfig(causal=True, block_q=64, block_kv=32, quant="token")
@@ -318,4 +319,5 @@ def test_ds16_keeps_the_contracts_accuracy_without_s_q():
     for c in ("dq", "dk"):
         r = getattr(ref, c).double()
         err = {n: float((out[n][c].double() - r).norm() / r.norm()) for n in ("a", "ds16")}
-        assert abs(err["ds16"] - err["a"]) < 0.05 * err["a"], (c, err)
+        assert abs(err["ds16"] - err["a"]) < 0.01 * err["a"], (c, err)
+        assert float((out["ds16"][c].double() - out["a"][c].double()).norm() / r.norm()) < 1e-3

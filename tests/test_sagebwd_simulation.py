@@ -252,23 +252,28 @@ def test_token_contract_keeps_rows_independent():
     assert changed["block"] == (True, True)
 
 
-def test_token_contracts_dq_is_a_bf16_product_of_y_and_k():
-    """dQ = (sm_scale / s_Q) bf16(Y) K16 (simulate.token_dq): dS as dQ sees it is Y rounded to bf16 over s_Q, with
-    Y = dS s_Q the same operand dK quantises; K16 is K rounded to bf16. In fp64 inputs both roundings are visible:
-    dQ is exactly that product, and within the contract's error of FPA's dQ."""
+@pytest.mark.parametrize("smooth_q", [False, True])
+def test_token_contracts_dq_and_dk_are_bf16_products_of_ds(smooth_q):
+    """dQ = sm_scale bf16(dS) K16 and dK = sm_scale bf16(dS)^T Q16 (simulate.token_dq, token_dk): dS as both see it is
+    dS rounded to bf16, K16 and Q16 are K and Q as given rounded to bf16 (not the smoothed Q: with Q-smoothing dS^T Q
+    holds the bias branch, which the block contract adds apart). In fp64 inputs the roundings are visible: dQ and dK
+    are exactly those products, and within the contract's error of FPA's."""
     q, k, v, do = qkvdo(n=256, dtype=torch.float64)
-    cfg = SageConfig(quant="token", block_q=128, block_kv=64)
+    cfg = SageConfig(quant="token", block_q=128, block_kv=64, smooth_q=smooth_q)
     _, saved = forward(q, k, v, cfg)
-    (dq, _, _), inter = backward(saved, do, cfg, return_intermediates=True)
+    (dq, dk, _), inter = backward(saved, do, cfg, return_intermediates=True)
     assert saved.dq_k.dtype == torch.bfloat16 and torch.equal(saved.dq_k, k.bfloat16())
-    s_q = saved.s_q.unsqueeze(-1)
-    seen = inter.ds * s_q   # bf16(Y), back from dS as dQ saw it
-    assert torch.allclose(seen, seen.bfloat16().double(), rtol=0, atol=1e-12)
-    want = (seen @ k.bfloat16().double()) / s_q / math.sqrt(64)
-    assert torch.allclose(dq.double(), want, rtol=1e-12, atol=1e-14)
-    ref = fpa_attention(q, k, v, do).dq
-    rel = ((dq - ref).norm() / ref.norm()).item()
-    assert rel < 0.03, rel
+    assert saved.dk_q.dtype == torch.bfloat16 and torch.equal(saved.dk_q, q.bfloat16())
+    seen = inter.ds   # bf16(dS), as dQ and dK saw it
+    assert torch.equal(seen, seen.bfloat16().double())
+    assert torch.allclose(dq.double(), (seen @ k.bfloat16().double()) / math.sqrt(64), rtol=1e-12, atol=1e-14)
+    assert torch.allclose(dk.double(), (seen.transpose(-1, -2) @ q.bfloat16().double()) / math.sqrt(64),
+                          rtol=1e-12, atol=1e-14)
+    ref = fpa_attention(q, k, v, do)
+    for name, got in (("dq", dq), ("dk", dk)):
+        want = getattr(ref, name)
+        rel = ((got - want).norm() / want.norm()).item()
+        assert rel < 0.03, (name, rel)
 
 
 def test_token_contract_is_more_accurate_than_block():
@@ -285,8 +290,8 @@ def test_token_contract_is_more_accurate_than_block():
 def test_token_dk_keeps_its_accuracy_in_fp16_with_small_gradients():
     """fp16 inputs with small output gradients (dO ~ 1e-5, as in fp16 training without loss scaling) must keep
     dK's error near bf16's at the same inputs: every scale of the contract is relative, so only fp16's range can
-    move it. dO s_Q, which the contract rounds to dO's dtype, underflows fp16 there (dK 0.098 against bf16's 0.019)
-    unless scaled by its q block's power of two (quant.dos_power): 0.021."""
+    move it. dS takes bf16 (fp32's exponent range) into dK's product, so nothing underflows (when the contract
+    multiplied dO by s_Q in dO's dtype, fp16 lost dK: 0.098 against bf16's 0.019)."""
     from sagebwd.simulate import SimulatedSageBwd
     gen = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, 2, 256, 64, generator=gen) for _ in range(4))
@@ -299,24 +304,6 @@ def test_token_dk_keeps_its_accuracy_in_fp16_with_small_gradients():
         ref = fpa_attention(q.double(), k.double(), v.double(), do.to(dtype).double(), causal=True)
         err[dtype] = ((kk.grad.double() - ref.dk).norm() / ref.dk.norm()).item()
     assert err[torch.float16] < 1.5 * err[torch.bfloat16], err
-
-
-def test_dos_power_is_an_exact_power_of_two_that_brings_the_block_near_2_to_the_6():
-    """quant.dos_power in fp16: c and 1 / c are powers of two whose product is 1, from s_dO's exponent only, and they
-    take the block's largest |dO| (448 s_dO) into [56, 112) (below fp16's largest finite value over any fp16 s_Q);
-    an all-zero block (s_dO 0) gets finite ones. In bf16 (fp32's exponent range) c is 1."""
-    from sagebwd.quant import dos_power
-    amax = torch.tensor([1e-7, 3e-5, 0.7, 1.0, 3.9, 1e4, 6e4])
-    s_do = amax / 448.0
-    assert all(torch.equal(x, torch.ones_like(s_do)) for x in dos_power(s_do, torch.bfloat16))
-    c, c_inv = dos_power(s_do, torch.float16)
-    assert torch.equal(c * c_inv, torch.ones_like(c))
-    assert torch.equal(torch.frexp(c).mantissa, torch.full_like(c, 0.5))   # powers of two
-    scaled = 448.0 * s_do * c
-    assert bool(((scaled >= 56) & (scaled < 112)).all()), scaled
-    assert bool((scaled * (65504 / 127) < 65504).all())   # |dO s_Q c| for the largest fp16 s_Q
-    zero_c, zero_inv = dos_power(torch.zeros(1), torch.float16)
-    assert torch.isfinite(zero_c).all() and torch.isfinite(zero_inv).all() and float(zero_c * zero_inv) == 1.0
 
 
 def test_tiny_groups_quantise_to_zero_not_nan():
@@ -376,21 +363,22 @@ def test_kernel_choice_check_traces_without_dynamo_warnings():
 
 
 def test_token_backward_without_its_16bit_operands_is_refused_with_a_fix():
-    """The token contract's dQ and dK are bf16 products with K itself and with Q~ = Q / s_Q: the simulation's backward
-    refuses a Saved without either (simulate.with_dq_k, with_dk_q add them), and the kernels' backward refuses a call
-    without k or with an INT8 Q^T where Q~ goes, each saying what to pass."""
+    """The token contract's dQ and dK are bf16 products with K and Q themselves: the simulation's backward refuses a
+    Saved without either (simulate.with_dq_k, with_dk_q add them), and the kernels' backward refuses a call without
+    k or q, or with an INT8 tensor in q's place, each saying what to pass."""
     from sagebwd.triton import backward as kb
     q, k, v, do = qkvdo(1, 1, 128, 64, dtype=torch.float32)
     cfg = SageConfig(causal=True, quant="token")
     _, saved = forward(q, k, v, cfg)
     with pytest.raises(ValueError, match="needs K in bf16.*with_dq_k"):
         backward(saved._replace(dq_k=None), do, cfg)
-    with pytest.raises(ValueError, match="needs Q~ in bf16.*with_dk_q"):
+    with pytest.raises(ValueError, match="needs Q in bf16.*with_dk_q"):
         backward(saved._replace(dk_q=None), do, cfg)
     x = torch.zeros(1, 1, 128, 64)
     common = dict(causal=True, smooth_k=True, block_q=128, block_kv=64, quant="token")
-    with pytest.raises(ValueError, match="pass k"):
-        kb.backward(x, None, None, None, x, None, None, None, None, None, x, None, **common)
-    q8t = torch.zeros(1, 1, 64, 128, dtype=torch.int8)   # the block contract's Q^T
-    with pytest.raises(ValueError, match=r"Q~ = Q / s_Q in bf16 rows \(1, 1, 128, 64\).*got torch.int8"):
-        kb.backward(x, None, None, None, x, q8t, None, None, None, None, x, None, k=x, **common)
+    with pytest.raises(ValueError, match=r"dQ = bf16\(dS\) K16.*pass k=.*got None"):
+        kb.backward(x, None, None, None, x, None, None, None, None, None, x, None, q=x, **common)
+    q8 = torch.zeros(1, 1, 128, 64, dtype=torch.int8)   # Q^, not Q
+    with pytest.raises(ValueError, match=r"dK = bf16\(dS\^T\) Q16.*pass q= \(fp16 or bf16, \(1, 1, 128, 64\)\); "
+                                         r"got torch.int8"):
+        kb.backward(x, None, None, None, x, None, None, None, None, None, x, None, k=x.bfloat16(), q=q8, **common)

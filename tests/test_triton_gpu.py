@@ -127,24 +127,26 @@ def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def _model_layout(v, do):
-    """v as a view of a (B, N, 3, H, D) qkv projection, dO as a (B, N, H, D) gradient transposed."""
+def _model_layout(q, k, v, do):
+    """q, k, v as views of a (B, N, 3, H, D) qkv projection, dO as a (B, N, H, D) gradient transposed."""
     b, h, n, d = v.shape
     qkv = torch.zeros(b, n, 3, h, d, device=v.device, dtype=v.dtype)
-    qkv[:, :, 2] = v.transpose(1, 2)
-    return qkv.permute(2, 0, 3, 1, 4)[2], do.transpose(1, 2).contiguous().transpose(1, 2)
+    for i, t in enumerate((q, k, v)):
+        qkv[:, :, i] = t.transpose(1, 2)
+    return (*qkv.permute(2, 0, 3, 1, 4), do.transpose(1, 2).contiguous().transpose(1, 2))
 
 
 def _forward_backward(shape, causal, kernels, layout="contiguous", quant="block"):
     from sagebwd.triton import attention
     g = torch.Generator(device="cuda").manual_seed(7)
     q, k, v, do = [torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
+    # q and k matter to the token contract's backward (dK's and dQ's 16-bit operands, read in place as v is)
     if layout == "misaligned":   # contiguous, but 2 bytes past a 16-byte boundary (TMA needs 16)
-        v, do = [torch.cat([t.new_zeros(1), t.flatten()])[1:].view(shape) for t in (v, do)]
+        q, k, v, do = [torch.cat([t.new_zeros(1), t.flatten()])[1:].view(shape) for t in (q, k, v, do)]
     elif layout == "ulysses":     # DeepSpeed's (seq, batch, heads, dim) permuted to (batch, heads, seq, dim)
-        v, do = [t.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for t in (v, do)]
-    elif layout == "model":       # v from the model's qkv projection, dO the transpose of the output's grad
-        v, do = _model_layout(v, do)
+        q, k, v, do = [t.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for t in (q, k, v, do)]
+    elif layout == "model":       # q, k, v from the model's qkv projection, dO the transpose of the output's grad
+        q, k, v, do = _model_layout(q, k, v, do)
     q, k, v = [t.requires_grad_() for t in (q, k, v)]
     o = attention(q, k, v, causal, quant=quant, kernels=kernels)
     return [o.detach(), *torch.autograd.grad(o, (q, k, v), do)]
@@ -269,10 +271,10 @@ def test_token_gluon_dkdv_matches_simulation(causal, head_dim):
                                                ("triton,dkdv=gluon", 64), ("triton,dkdv=gluon", 128),
                                                ("triton,dkdv=gluon-roles", 128)])
 def test_token_kernels_keep_dk_in_fp16_with_small_gradients(kernels, head_dim):
-    """fp16, dO ~ 1e-5: every token dK/dV kernel takes back the power of two the preprocess put on dO s_Q and
-    delta s_Q (quant.dos_power; the simulation's dK there is as accurate as bf16's, test_sagebwd_simulation), so
-    dK stays with the simulation; without it dK would be off by that power of two. The gradients are ~1e-5 here,
-    fp16 subnormals (spacing 6e-8), so the bound is bf16's, not fp16's; O does not see dO."""
+    """fp16, dO ~ 1e-5: every token kernel takes dS to bf16 (fp32's exponent range) for dQ's and dK's products, as
+    the simulation does (whose dK there is as accurate as bf16's, test_sagebwd_simulation), so the gradients stay
+    with the simulation. They are ~1e-5 here, fp16 subnormals (spacing 6e-8), so the bound is bf16's, not fp16's;
+    O does not see dO."""
     if kernels != TRITON and not _hopper():
         pytest.skip("the Gluon kernels are built for Hopper (sm_90)")
     r = check_case((1, 4, 2048, head_dim), torch.float16, True, False, reruns=1, quant="token", kernels=kernels,
@@ -303,9 +305,9 @@ TOKEN_GLUON_DQ = ("triton,dq=gluon-ws", "triton,dq=gluon", "triton,dq=gluon-ws2"
 @pytest.mark.parametrize("causal", [False, True])
 def test_token_gluon_dq_matches_the_triton_kernel(shape, causal):
     """The Gluon dQ with TOKEN (warp-specialised and not) against the Triton token dQ on the same inputs:
-    backward.py's TOKEN arithmetic in its order (S = int * s_K * (s_Q qk_const) - LSE one fma, X = dS s_K,
-    tile_scales(max|X|, False) per q row of each 128-key tile, dQ += int(X^ K^) * scale, one exact int32
-    sum per 128 keys, tiles in the same order), so dQ is expected bit-identical; O, dK and dV come from
+    backward.py's TOKEN arithmetic in its order (S = int * s_K * (s_Q qk_const) - LSE one fma, dS = P (dP -
+    delta), dQ += bf16(dS) K16 chained on the tensor cores, tiles in the same order), so dQ is expected
+    bit-identical; O, dK and dV come from
     the same Triton kernels. The rel. L2 bound first, so that a failure says how far apart."""
     _assert_token_kernels_match_triton(shape, causal, TOKEN_GLUON_DQ)
 
@@ -381,8 +383,8 @@ def test_cuda_graph_replay_matches_eager(quant):
 @pytest.mark.parametrize("layout", ["contiguous", "model"])
 def test_backward_allocates_only_the_gradients_and_the_quantised_do(layout, quant):
     """The backward's new memory: dQ, dK, dV and dO^ (sequence-contiguous INT8, or FP8 in the token
-    contract), plus row and tile scalars; the token contract also dO s_Q in dO's dtype (the dK/dV's dP^T
-    operand). Autograd must not fill zero gradients for the op's other outputs (four of them
+    contract), plus row and tile scalars, in either contract (the token contract wrote dO s_Q in dO's dtype too
+    until the twentieth session). Autograd must not fill zero gradients for the op's other outputs (four of them
     INT8 the size of Q/K: +16 MiB here, 43 us at (8,8,4096,128) before v20), and the model's
     permuted v and transposed dO are read in place (before v21: a copy per kernel, +8 MiB each)."""
     from sagebwd.triton import attention
@@ -390,7 +392,7 @@ def test_backward_allocates_only_the_gradients_and_the_quantised_do(layout, quan
     q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     do = torch.randn_like(q)
     if layout == "model":
-        v, do = _model_layout(v, do)
+        q, k, v, do = _model_layout(q, k, v, do)
     q, k, v = [t.requires_grad_() for t in (q, k, v)]
     o = attention(q, k, v, True, quant=quant)
     torch.cuda.synchronize()
@@ -400,7 +402,7 @@ def test_backward_allocates_only_the_gradients_and_the_quantised_do(layout, quan
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before
     bf16, int8 = q.numel() * 2, q.numel()
-    allowed = 3 * bf16 + 2 * int8 + (bf16 if quant == "token" else 0)
+    allowed = 3 * bf16 + 2 * int8
     assert extra <= allowed, f"the backward allocated {extra / 2**20:.1f} MiB"
     assert all(bool(torch.isfinite(g).all()) for g in grads)
 
@@ -482,8 +484,8 @@ def test_token_backward_on_two_streams_matches_one_stream(causal, head_dim, monk
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_token_forward_quantises_q_as_the_quantise_pass_would(causal, head_dim):
-    """The token forward quantises Q itself (no Q-smoothing): Q^, its scales and Q^ sequence-contiguous equal
-    the quantise pass's (quantize_blocks) bit for bit, for Q in the model's layout (a view of (B, N, H, D))."""
+    """The token forward quantises Q itself (no Q-smoothing): Q^ and its scales equal the quantise pass's
+    (quantize_blocks) bit for bit, for Q in the model's layout (a view of (B, N, H, D)); no transposed copy."""
     from sagebwd.triton import ops, quantize as kq
 
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -491,7 +493,7 @@ def test_token_forward_quantises_q_as_the_quantise_pass_would(causal, head_dim):
     q, k, v = [(torch.randn(b, n, h, head_dim, device="cuda", generator=gen) * 2).bfloat16().transpose(1, 2)
                for _ in range(3)]
     o, _, q8, q8t, s_q = ops._forward_impl(q, k, v, causal, True, False, 128, 64, True, True)[:5]
-    rows, cols, scale, _ = kq.quantize_blocks(q, 128, cols=True, token=True)
-    assert torch.equal(q8, rows) and torch.equal(s_q, scale) and torch.equal(q8t, cols)
+    rows, _, scale, _ = kq.quantize_blocks(q, 128, token=True)
+    assert torch.equal(q8, rows) and torch.equal(s_q, scale) and q8t.numel() == 0
     assert torch.equal(o, ops._forward_impl(q, k, v, causal, True, False, 128, 64, True, False)[0]), \
         "inference (no transposed copy) changed O"

@@ -58,7 +58,8 @@ CASES = [
     # forward's running reference by more than its lazy-rescaling threshold (d=128, token: 2^8) and
     # the rescale runs after the first tile too
     ("fp16-causal-d128-growing-token", "float16", 256, 128, 128, 64, True, False, False, "token"),
-    # "-smallgrad": dO ~ 1e-5 (fp16 training without loss scaling): dO s_Q alone would underflow fp16
+    # "-smallgrad": dO ~ 1e-5 (fp16 training without loss scaling): dO s_Q in fp16 (the contract until the twentieth
+    # session) underflowed there; dS in bf16 does not
     ("fp16-causal-smallgrad-token", "float16", 256, 64, 128, 64, True, False, False, "token"),
 ]
 # Relative L2, kernel vs simulation (same dtype). The interpreter rounds fp32 -> bf16 less
@@ -162,7 +163,8 @@ def _opcheck_case() -> dict:
         with torch.no_grad():
             o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = ops._forward_impl(q, k, v, *flags, True)
         torch.library.opcheck(torch.ops.sagebwd_triton.backward.default,
-                              (do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v.detach(), k.detach(), mu_q, k_mean, *flags),
+                              (do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v.detach(), q.detach(), k.detach(), mu_q,
+                               k_mean, *flags),
                               test_utils=("test_schema", "test_faketensor"))
     return {"name": "opcheck", "ok": True}
 
@@ -171,7 +173,7 @@ def _k_order_case() -> dict:
     """The transposed INT8 copies (quantiser: Q^T, K^T, V^T; backward preprocess: dO^T) hold the
     row copy's values with the sequence in k order (the kernels' B operands)."""
     import torch
-    from sagebwd.quant import dos_power, quantize_row_blocks_e4m3
+    from sagebwd.quant import quantize_row_blocks_e4m3
     from sagebwd.triton import quantize as kq
     from sagebwd.triton._common import from_k_order, k_order_index
 
@@ -182,19 +184,12 @@ def _k_order_case() -> dict:
     lse = torch.randn(1, 2, 256, generator=gen) * 4 + 6
     block = kq.backward_preprocess(do, o, lse, 128)
     delta, do_cols, do_cols_scale = block.delta, block.do8t, block.s_do
-    s_q = torch.rand(1, 2, 256, generator=gen) + 0.5   # the token contract's Q scales
-    token = kq.backward_preprocess(do, o, lse, 128, s_q)
+    token = kq.backward_preprocess(do, o, lse, 128, token=True)
     delta_t, lse2_t, do_cols_t, do_scale_t = token.delta, token.lse2, token.do8t, token.s_do
-    delta_sq, lse2_p, do_s = token.delta_sq, token.lse2_p, token.do_s
-    no_delta_sq, no_lse2_p, no_do_s = block.delta_sq, block.lse2_p, block.do_s
     do_e4m3, do_e4m3_scale = quantize_row_blocks_e4m3(do.float(), 128)
-    c = dos_power(do_scale_t, do.dtype)[0].repeat_interleave(128, dim=-1)   # the q block's power of two, per row
     return {"name": "k_order",
-            "delta_sq": no_delta_sq is None and bool(torch.equal(delta_t, delta))
-            and bool(torch.equal(delta_sq, (delta * s_q) * c)) and not bool(torch.equal(c, torch.ones_like(c))),
-            "lse2_p": no_lse2_p is None and bool(torch.equal(lse2_p, lse2_t - 8.0)),
-            "do_s": no_do_s is None and do_s.dtype == do.dtype
-            and bool(torch.equal(do_s, ((do.float() * s_q.unsqueeze(-1)) * c.unsqueeze(-1)).to(do.dtype))),
+            "delta": bool(torch.equal(delta_t, delta)) and bool(torch.equal(lse2_t, block.lse2)),
+            "lse2_p": block.lse2_p is None and bool(torch.equal(token.lse2_p, lse2_t - 8.0)),
             "do_e4m3": do_cols_t.dtype == torch.float8_e4m3fn
             and bool(torch.equal(from_k_order(do_cols_t.float()), do_e4m3.transpose(-1, -2)))
             and bool(torch.equal(do_scale_t, do_e4m3_scale)),
@@ -231,9 +226,9 @@ def _fused_quantize_case() -> dict:
 
 def _token_quantize_case() -> dict:
     """The "token" quantiser gives the simulation's integers and scales bit for bit (Q after
-    Q-smoothing, K after K-smoothing, per token; V per block), in one launch or three, and dK's Q~ likewise."""
+    Q-smoothing, K after K-smoothing, per token; V per block), in one launch or three."""
     import torch
-    from sagebwd.simulate import SageConfig, Saved, quantize_qk, smooth, with_dk_q
+    from sagebwd.simulate import SageConfig, quantize_qk, smooth
     from sagebwd.triton import quantize as kq
 
     gen = torch.Generator().manual_seed(7)
@@ -244,21 +239,19 @@ def _token_quantize_case() -> dict:
     cfg = SageConfig(smooth_q=True, block_q=128, quant="token")
     q_sm, k_sm, _ = smooth(q.float(), k.float(), cfg)
     q_hat, s_q, k_hat, s_k = quantize_qk(q_sm, k_sm, cfg)
-    q8, q_tilde, kq_s_q, _, k8, _, kq_s_k, _, _ = one
-    sim_q_tilde = with_dk_q(Saved(*[None] * 9), q_sm, cfg).dk_q
+    q8, _, kq_s_q, _, k8, _, kq_s_k, _, _ = one
     return {"name": "token_quantize",
             "equal_sim": bool(torch.equal(q8.float(), q_hat)) and bool(torch.equal(kq_s_q, s_q))
             and bool(torch.equal(k8.float(), k_hat)) and bool(torch.equal(kq_s_k, s_k)),
-            "q_tilde_equal_sim": q_tilde.dtype == torch.bfloat16 and bool(torch.equal(q_tilde, sim_q_tilde)),
             "k_equal_across_tiles": bool(torch.equal(one[4], three[4])) and bool(torch.equal(one[6], three[6])),
-            "no_k_cols": one[5] is None and three[5] is None and one[1] is not None}
+            "no_cols": all(t[i] is None for t in (one, three) for i in (1, 5))}
 
 
 def _token_q_in_forward_case() -> dict:
-    """The token contract without Q-smoothing quantises Q in the forward kernel (ops._forward_impl): its Q^,
-    Q^ sequence-contiguous and scales equal the quantise pass's (quantize_blocks) and the simulation's bit for
-    bit, for a strided Q, d=64 and 128, for training and for inference (no transposed copy); the quantise
-    launch then takes K and V only."""
+    """The token contract without Q-smoothing quantises Q in the forward kernel (ops._forward_impl): its Q^ and
+    scales equal the quantise pass's (quantize_blocks) and the simulation's bit for bit, for a strided Q, d=64 and
+    128, for training and for inference (no transposed copy either way); the quantise launch then takes K and V
+    only."""
     import torch
     from sagebwd.simulate import SageConfig, quantize_qk, smooth
     from sagebwd.triton import ops
@@ -271,12 +264,12 @@ def _token_q_in_forward_case() -> dict:
         q, k, v = [(torch.randn(1, 256, 2, d, generator=gen) * 3).half().transpose(1, 2) for _ in range(3)]
         for for_backward in (True, False):
             q8, q8t, s_q = ops._forward_impl(q, k, v, causal, True, False, 128, 64, True, for_backward)[2:5]
-            rows, cols, scale, _ = kq.quantize_blocks(q, 128, cols=True, token=True)
+            rows, _, scale, _ = kq.quantize_blocks(q, 128, token=True)
             q_hat, sim_scale, _, _ = quantize_qk(*smooth(q.float(), k.float(), SageConfig(quant="token"))[:2],
                                                  SageConfig(quant="token"))
             equal = (equal and bool(torch.equal(q8, rows)) and bool(torch.equal(s_q, scale))
                      and bool(torch.equal(q8.float(), q_hat)) and bool(torch.equal(s_q, sim_scale))
-                     and (bool(torch.equal(q8t, cols)) if for_backward else q8t.numel() == 0))
+                     and q8t.numel() == 0)
         recorded = Tuning(recorded=[])
         ops._forward_impl(q, k, v, causal, True, False, 128, 64, True, True, "default", recorded)
         skips += [kw.get("SKIP_Q") for name, _, _, kw in recorded.recorded if name == "quantize"]
@@ -317,8 +310,8 @@ def _dq_add_bench_case() -> dict:
     q, k, v, do = (torch.randn(1, 2, 256, 64, generator=gen, dtype=torch.bfloat16) for _ in range(4))
     saved = ops._forward_impl(q, k, v, True, True, False, 128, 64, True, True, "default", None)
     o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = saved
-    _, dk_op, dv_op = ops._backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, True, True,
-                                         False, 128, 64, True)
+    _, dk_op, dv_op = ops._backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean, True,
+                                         True, False, 128, 64, True)
     return {"name": "dq_add_bench", "equal": bool(torch.equal(dk, dk_op)) and bool(torch.equal(dv, dv_op))}
 
 
@@ -352,8 +345,8 @@ def _e4m3_case() -> dict:
 
 
 def _token_fallback_case() -> dict:
-    """backward() of the token contract computes delta s_Q, LSE2 - log2(256) and dO s_Q itself when the caller
-    does not pass the preprocess's: the same gradients, bit for bit."""
+    """backward() of the token contract computes LSE2 - log2(256) itself when the caller does not pass the
+    preprocess's: the same gradients, bit for bit."""
     import torch
     from sagebwd.triton import backward as kb
     from sagebwd.triton import ops
@@ -363,10 +356,10 @@ def _token_fallback_case() -> dict:
     q, k, v, do = [torch.randn(1, 2, 128, 64, generator=gen).half() for _ in range(4)]
     o, lse, q8, q8t, s_q, k8, k8t, s_k, _, k_mean = ops._forward_impl(q, k, v, True, True, False, 128, 64, True,
                                                                       True, "default", None)
-    pre = kq.backward_preprocess(do, o, lse, 128, s_q)
-    common = dict(causal=True, smooth_k=True, k=k, k_mean=k_mean, block_q=128, block_kv=64, quant="token")
+    pre = kq.backward_preprocess(do, o, lse, 128, token=True)
+    common = dict(causal=True, smooth_k=True, q=q, k=k, k_mean=k_mean, block_q=128, block_kv=64, quant="token")
     given = kb.backward(do, pre.delta, pre.do8t, pre.s_do, q8, q8t, s_q, k8, k8t, s_k, v, pre.lse2,
-                        delta_sq=pre.delta_sq, lse2_p=pre.lse2_p, do_s=pre.do_s, **common)
+                        lse2_p=pre.lse2_p, **common)
     computed = kb.backward(do, pre.delta, pre.do8t, pre.s_do, q8, q8t, s_q, k8, k8t, s_k, v, pre.lse2, **common)
     return {"name": "token_fallback", "equal": all(bool(torch.equal(a, b)) for a, b in zip(given, computed))}
 
@@ -465,16 +458,11 @@ def test_token_quantiser_matches_simulation(results):
     assert r["k_equal_across_tiles"], "per-token K depends on the launch's tile size"
 
 
-def test_token_quantiser_writes_dk_operand_as_the_simulation(results):
-    """The token backward's dK = bf16(Y^T) Q~ (simulate.token_dk): the quantise launch writes Q~ = Q / s_Q, Q^ before
-    its rounding, in bf16 rows, bit for bit as simulate.with_dk_q makes it."""
-    assert results["token_quantize"]["q_tilde_equal_sim"]
-
-
-def test_token_quantiser_writes_no_k_transpose(results):
-    """The token backward's dQ is a bf16 product with K itself (simulate.token_dq), and nothing else reads K^T:
-    the quantise launch writes Q~ (dK's operand) but no K^T in the token contract (N x D bytes a head fewer)."""
-    assert results["token_quantize"]["no_k_cols"]
+def test_token_quantiser_writes_no_transposed_copies(results):
+    """The token backward's dQ and dK are bf16 products with K and Q themselves (simulate.token_dq, token_dk), and
+    nothing else reads Q^T or K^T: the quantise launch writes neither in the token contract (2 N x D bytes a head
+    fewer)."""
+    assert results["token_quantize"]["no_cols"]
 
 
 def test_token_forward_quantises_q_as_the_quantise_pass_would(results):
@@ -499,11 +487,10 @@ def test_transposed_copies_are_in_k_order(results):
     assert not r["cols_differ"], "the copy is a plain transpose: not k-ordered"
 
 
-def test_token_preprocess_writes_delta_times_q_scale(results):
-    """The token contract's delta s_Q c (the Gluon dK/dV's column constant; c the q block's power of two,
-    quant.dos_power, here not 1) is the fp32 product the dK/dV kernels computed themselves, bit for bit; the block
-    contract gets none and the same delta."""
-    assert results["k_order"]["delta_sq"]
+def test_token_preprocess_writes_the_block_contracts_delta(results):
+    """The token backward forms dS from dO and delta as given (no s_Q after S): its preprocess writes the block
+    contract's delta and LSE2, bit for bit."""
+    assert results["k_order"]["delta"]
 
 
 def test_token_preprocess_writes_lse_minus_log2_256(results):
@@ -512,22 +499,15 @@ def test_token_preprocess_writes_lse_minus_log2_256(results):
     assert results["k_order"]["lse2_p"]
 
 
-def test_token_preprocess_writes_do_times_q_scale(results):
-    """The token dK/dV's dP^T product takes dO s_Q c (in dO's dtype) in dO's place, so that Y^T = P^T (dP^T s_Q -
-    delta s_Q) reads no s_Q per column: the preprocess writes it, rounded as backward() would compute it."""
-    assert results["k_order"]["do_s"]
-
-
 def test_token_kernels_keep_dk_accuracy_in_fp16_with_small_gradients(results):
-    """dO ~ 1e-5 in fp16: the preprocess scales dO s_Q and delta s_Q by the q block's power of two
-    (quant.dos_power) and the dK/dV kernel takes it back, so dK stays as near FPA as with dO ~ 1 (~0.02; 0.1
-    without the scaling) and the kernels stay with the simulation."""
+    """dO ~ 1e-5 in fp16: dS goes to bf16 (fp32's exponent range) for dK's product, so dK stays as near FPA as with
+    dO ~ 1 (~0.02) and the kernels stay with the simulation."""
     r = results["fp16-causal-smallgrad-token"]["dk"]
     assert r["sim_vs_fpa"] < 0.035 and r["vs_sim"] < FRACTION_OF_INT8_ERROR["float16"] * r["sim_vs_fpa"], r
 
 
 def test_token_backward_computes_its_operands_when_not_given(results):
-    assert results["token_fallback"]["equal"], "backward() without delta_sq / lse2_p / do_s gave other gradients"
+    assert results["token_fallback"]["equal"], "backward() without lse2_p gave other gradients"
 
 
 def test_sequence_mean_kernel_is_the_mean(results):

@@ -63,7 +63,7 @@ def test_gluon_kernels_compile_with_the_tensor_cores_left_running():
 
 def test_token_gluon_kernels_fit_a_hopper_block():
     """The token contract's Gluon kernels, the defaults and the experimental dK/dV by role (d=128), build for sm_90
-    within the registers and shared memory an H100/H200 gives a block (the dK operand Q~ in bf16 doubled that ring
+    within the registers and shared memory an H100/H200 gives a block (the dK operand Q in bf16 doubled that ring
     entry: the roles kernel's two-entry ring then needed 257 KB)."""
     rows = offline.report((64, 128), arch=90, seq=1024, quant="token")
     rows += offline.report((128,), arch=90, seq=1024, quant="token", kernels="triton,dkdv=gluon-roles")
@@ -310,31 +310,38 @@ def test_loop_mix_counts_a_trip_with_its_forward_branches_taken():
     assert mix["by_opcode"]["FMUL"] == pytest.approx(2 * 128 / 4096)
 
 
+@pytest.mark.parametrize("quant", ["block", "token"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_gluon_backward_builds_for_the_models_strided_v_and_do(head_dim):
-    """The model hands v as a view of its qkv projection and dO as a transposed gradient; the
-    Gluon dK/dV and dQ read them in place through 4-D TMA descriptors (no copies). That variant
-    of the kernels must build too (the GPU tests run it against the contiguous one)."""
+def test_gluon_backward_builds_for_the_models_strided_v_and_do(head_dim, quant):
+    """The model hands q, k, v as views of its qkv projection and dO as a transposed gradient; the
+    Gluon dK/dV and dQ read v and dO (and in the token contract Q and K, dK's and dQ's 16-bit operands) in place
+    through 4-D TMA descriptors (no copies). That variant of the kernels must build too (the GPU tests run it
+    against the contiguous one)."""
     import torch
     from sagebwd.triton import dq_hopper, hopper, registry
     b, h, n, d = 1, 2, 512, head_dim
-    v = torch.zeros(b, n, 3, h, d, dtype=torch.bfloat16).permute(2, 0, 3, 1, 4)[2]
+    token = quant == "token"
+    q, k, v = torch.zeros(b, n, 3, h, d, dtype=torch.bfloat16).permute(2, 0, 3, 1, 4)
     do = torch.zeros(b, n, h, d, dtype=torch.bfloat16).transpose(1, 2)
     i8 = lambda *s: torch.zeros(*s, dtype=torch.int8)   # noqa: E731
     f32 = lambda *s: torch.zeros(*s)                    # noqa: E731
     q8, k8, q8t, do8t = i8(b, h, n, d), i8(b, h, n, d), i8(b, h, d, n), i8(b, h, d, n)
     s_q, s_k, lse2, delta = f32(b * h, n // 128), f32(b * h, n // 64), f32(b * h, n), f32(b * h, n)
+    if token:
+        s_q, s_k, do8t = f32(b * h * n), f32(b * h * n), do8t.to(torch.float8_e4m3fn)
     tile_scales, out = f32(b * h, n // 128, n // 64, 4), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
     launches = [(kernel, args, kwargs) for _, kernel, _, args, kwargs in hopper.dkdv_launches(
-        q8, q8t, s_q, k8, s_k, v, do, do8t, s_q, lse2, delta, tile_scales, out, out, causal=True, block_q=128,
-        ws=True)]
-    if registry.select("sm90", d, "dq").name == "gluon-ws":
-        _, args, kwargs = hopper.dq_launch_args(q8, k8, q8t, s_q, s_k, v, do, lse2, delta, out, tile_scales,
-                                                causal=True, ws=True)
+        q8, q if token else q8t, s_q, k8, s_k, v, do, do8t, s_q, lse2, delta, tile_scales, out, out, causal=True,
+        block_q=128, ws=True, token=token)]
+    if registry.select("sm90", d, "dq", quant).name == "gluon-ws":
+        _, args, kwargs = hopper.dq_launch_args(q8, k8, k if token else q8t, s_q, s_k, v, do, lse2, delta, out,
+                                                tile_scales, causal=True, ws=True, token=token)
         launches.append((dq_hopper._dq_kernel, args, kwargs))
+    assert len(launches) == (1 if d == 64 else 2) + (registry.select("sm90", d, "dq", quant).name == "gluon-ws")
     for kernel, args, kwargs in launches:
         descriptors = [a for a in args if type(a).__name__ == "TensorDescriptor"]
-        assert sum(len(t.block_shape) == 4 for t in descriptors) == 2, "v and dO: 4-D, read in place"
+        assert sum(len(t.block_shape) == 4 for t in descriptors) == (3 if token else 2), \
+            "v and dO (token: and Q or K): 4-D, read in place"
         compiled = offline.compile_recorded(kernel, args, kwargs)
         usage = offline._resource_usage(compiled.asm["cubin"])
         print(kernel.fn.__name__, kwargs.get("PASS"), usage, compiled.metadata.shared)
@@ -373,13 +380,12 @@ def test_dq_reduce_probe_builds_its_reductions(mode, causal):
     takes."""
     import torch
     from sagebwd.triton import hopper
-    from sagebwd.triton.quantize import empty_q_cols
     b, h, n, d = 1, 2, 512, 64
     groups = 4 if mode == "ordered_g4" else 1
     i8 = lambda *s: torch.zeros(*s, dtype=torch.int8)   # noqa: E731
     f32 = lambda *s: torch.zeros(*s)                    # noqa: E731
     q8, k8, out = i8(b, h, n, d), i8(b, h, n, d), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
-    q8t = empty_q_cols(q8, token=True)   # the token contract's dK operand Q~, bf16 rows
+    q8t = torch.zeros(b, h, n, d, dtype=torch.bfloat16)   # the token contract's dK operand, Q itself
     do8t, s_q = torch.zeros(b, h, d, n, dtype=torch.float8_e4m3fn), f32(b * h, n)
     fixed = mode.startswith(("fixed", "product"))
     counters = None if fixed or mode == "unordered" else torch.zeros(groups * b * h, n // 128, 2, dtype=torch.int32)
@@ -416,11 +422,10 @@ def test_dkdv_launches_refuse_a_dq_reduction_they_cannot_make():
     warp-specialised kernel, ordered int32 adds (they need no order), a dQ product onto fp32 adds."""
     import torch
     from sagebwd.triton import hopper
-    from sagebwd.triton.quantize import empty_q_cols
     b, h, n, d = 1, 2, 512, 64
     i8, f32 = (lambda *s: torch.zeros(*s, dtype=torch.int8)), (lambda *s: torch.zeros(*s))   # noqa: E731
     q8, k8, out = i8(b, h, n, d), i8(b, h, n, d), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
-    q8t = empty_q_cols(q8, token=True)   # the token contract's dK operand Q~, bf16 rows
+    q8t = torch.zeros(b, h, n, d, dtype=torch.bfloat16)   # the token contract's dK operand, Q itself
     do8t, s_q = torch.zeros(b, h, d, n, dtype=torch.float8_e4m3fn), f32(b * h, n)
     counters = torch.zeros(b * h, n // 128, 2, dtype=torch.int32)
     fp32, int32 = f32(b * h * n, d), torch.zeros(b * h * n, d, dtype=torch.int32)

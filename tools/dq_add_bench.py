@@ -79,10 +79,10 @@ def token_backward_call(b: int, h: int, n: int, d: int, causal: bool = True, dev
     q, k, v, do = (torch.randn(b, h, n, d, device=device, generator=gen, dtype=torch.bfloat16) for _ in range(4))
     o, lse, q8, q8t, s_q, k8, k8t, s_k, _, k_mean = ops._forward_impl(q, k, v, causal, True, False, 128, 64, True, True,
                                                                       "default", None)
-    pre = kq.backward_preprocess(do, o, lse, 128, s_q)
+    pre = kq.backward_preprocess(do, o, lse, 128, token=True)
     grads = [torch.empty_like(q) for _ in range(3)]
     return kb.BackwardCall(do, pre.delta, pre.do8t, pre.s_do, q8, q8t, s_q, k8, k8t, s_k, v, pre.lse2, *grads, s_q,
-                           causal, True, None, k, k_mean, 128, 64, True, pre.delta_sq, pre.lse2_p, pre.do_s)
+                           causal, True, None, k, k_mean, 128, 64, True, q, pre.lse2_p)
 
 
 def token_dkdv(b: int, h: int, n: int, d: int, causal: bool = True, device: str = "cuda"):

@@ -18,7 +18,7 @@ cvt.rni), whose adds give the same bits in any order, as they come. Then the int
 kernel adds: each partial a real INT8 dQ product first (64 q rows x 128 keys x D from shared memory, waited on and
 converted; its operands not written, so this times the product), and that with X^ made in every block too
 (``dkdv_hopper._x_probe``: a column maximum by shuffles, INT8, a transposed byte store); and a bf16 dQ product of Y
-(``dkdv_hopper._y16_probe``: Y^T, which dK's path holds in fp32, rounded to bf16 and stored transposed in every
+(``dkdv_hopper._y16_probe``: dS^T, which dK's path holds in fp32, rounded to bf16 and stored transposed in every
 block, no maximum; times K^T in bf16, unwritten; each consumer's stage is its half of Y's buffer once read, since
 separate stages would not fit an H100 block's shared memory; tools.quant_study's variant y16 is its accuracy).
 
@@ -60,8 +60,8 @@ def measure(b: int, h: int, n: int, d: int, causal: bool, groups: int = 4, produ
             dq_reduce = (dq_sum, None, fixed_scale)
         else:
             dq_reduce = None if mode_groups is None else (dq_sum, None if mode_groups == 0 else counters)
-        launches = hopper.dkdv_launches(c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do_s, c.do8t, c.s_do, c.lse2_p,
-                                        c.delta_sq, c.tile_scales, c.dk, c.dv, causal=causal, block_q=c.block_q,
+        launches = hopper.dkdv_launches(c.q8, c.q, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2_p,
+                                        c.delta, c.tile_scales, c.dk, c.dv, causal=causal, block_q=c.block_q,
                                         ws=True, token=True, dq_reduce=dq_reduce, dq_groups=g, dq_product=product)
 
         def run():
@@ -175,12 +175,11 @@ def sass_report(causal: bool = False) -> list[dict]:
     launch, spilled bytes, shared memory, and its main loop: SASS instructions per thread per q block, per score
     element, and the counts of SASS_OPS among them (tools.sass_mix)."""
     from sagebwd.triton import hopper
-    from sagebwd.triton.quantize import empty_q_cols
     from tools import offline, sass_mix
     b, h, n, d = 1, 2, 512, 64
     i8, f32 = (lambda *s: torch.zeros(*s, dtype=torch.int8)), (lambda *s: torch.zeros(*s))
     q8, k8, out = i8(b, h, n, d), i8(b, h, n, d), torch.zeros(b, h, n, d, dtype=torch.bfloat16)
-    q8t = empty_q_cols(q8, token=True)   # dK's operand Q~, bf16 rows
+    q16 = torch.zeros(b, h, n, d, dtype=torch.bfloat16)   # dK's operand, Q itself
     do8t, s_q = torch.zeros(b, h, d, n, dtype=torch.float8_e4m3fn), f32(b * h, n)
     fixed = (torch.zeros(b * h * n, d, dtype=torch.int32), None, 1.0)
     variants = {"dK/dV": ({}, None), "+ fp32 adds": ({}, (f32(b * h * n, d), None)),
@@ -189,7 +188,7 @@ def sass_report(causal: bool = False) -> list[dict]:
     rows = []
     for name, (extra, dq_reduce) in variants.items():
         [(_, kernel, _, args, kwargs)] = hopper.dkdv_launches(
-            q8, q8t, s_q, k8, s_q, out, out, do8t, f32(b * h, n // 128), s_q, s_q, s_q, out, out, causal=causal,
+            q8, q16, s_q, k8, s_q, out, out, do8t, f32(b * h, n // 128), s_q, s_q, s_q, out, out, causal=causal,
             block_q=128, ws=True, token=True, dq_reduce=dq_reduce, **extra)
         compiled = offline.compile_recorded(kernel, args, kwargs)
         instructions, loops = sass_mix.instructions_and_loops(sass_mix.disassemble(compiled.asm["cubin"]))

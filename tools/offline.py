@@ -62,8 +62,8 @@ def recorded_fwd_bwd(q, k, v, do, *, causal=True, smooth_q=False, block_q=128, b
     token = quant == "token"
     o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = ops._forward_impl(q, k, v, causal, True, smooth_q, block_q,
                                                                          block_kv, token, True, kernels, tuning)
-    ops._backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, True, smooth_q, block_q,
-                       block_kv, token, kernels, tuning)
+    ops._backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean, causal, True, smooth_q,
+                       block_q, block_kv, token, kernels, tuning)
     return tuning.recorded
 
 

@@ -74,7 +74,7 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      FP8 dO for dV and of the "block" contract's INT8 dO), V per kv token.
   Not in the default list (``--variants a dpi8 dpf8 dpi8b``).
 
-  dqfix  the contract's dQ (bf16(Y) K16, simulate.token_dq) summed over 128-key partials (one per program of a
+  dqfix  the contract's dQ (bf16(dS) K16, simulate.token_dq) summed over 128-key partials (one per program of a
      fused d=64 backward, which adds its partial into dQ) in int32 fixed point, deterministic in any order: each
      partial rounded to the quantum u_i = 2^ceil(log2(bound_i / 2^30)) of its q row, bound_i = 2 sm_scale
      ||dO_i|| max_k ||V_k|| max|K16| >= the row's sum of |partials| (|dS_ik| <= P_ik (|dP_ik| + |delta_i|), both
@@ -87,7 +87,7 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      s_Q or delta s_Q per column (docs/kernel-notes.md, "Fourteenth session": those reads cost the d=64 dK/dV
      ~13%): dP^T s_Q - delta s_Q = V [dO s_Q | -delta s_Q]^T, dO s_Q rounded to bf16 (the preprocess would
      write it) and -delta s_Q as two bf16 terms (hi + lo) beside it, the product summed in fp32;
-     then Y = P (that), quantised per (kv token, q block) as in the contract. dQ's dS (X) and everything else is
+     then Y = P (that), and Y / s_Q in dS's place in the contract's dK. dQ's dS and everything else is
      variant a. Not in the default list.
 
   y16  dQ's product in bf16, as a fused d=64 backward would make it from the Y^T it already holds in fp32 for
@@ -98,12 +98,13 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      K's place. Everything else is variant a. Not in the default list (``--variants a y16 y16s``).
 
   dk16  dK's product in bf16: dK = sm_scale bf16(dS)^T Q16, Q the input rounded to bf16; dk16q: bf16(dS s_Q)^T Q^
-     with the integer Q^. The contract's dK since 2026-11-28 (nineteenth session) is dk16's with Q~ = Q / s_Q in
-     bf16 in Q16's place (simulate.token_dk: s_Q cancels against Y's); y8: the INT8 Y^ per (kv token, q block) times
-     Q^ it replaced. Everything else is variant a. Not in the default list (``--variants a y8 dk16 dk16q``).
+     with the integer Q^. From 2026-11-28 (nineteenth session) the contract's dK was dk16's with Q~ = Q / s_Q in bf16
+     in Q16's place and Y = dS s_Q in dS's; since the twentieth session it is dk16's (simulate.token_dk); y8: the
+     INT8 Y^ per (kv token, q block) times Q^ that came before. Everything else is variant a. Not in the default
+     list (``--variants a y8 dk16 dk16q``).
   ds16  y16's dQ and dk16's dK together: both products from dS itself, dP = dO V^T from dO as given (no dO s_Q c
-     rounded to dO's dtype, no power of two c for fp16), the backward the contract would have if nothing read s_Q
-     but S's recomputation (docs/kernel-notes.md, "Nineteenth session", Next 1). Not in the default list.
+     rounded to dO's dtype, no power of two c for fp16): the token contract since 2026-11-28 (twentieth session),
+     so a and ds16 differ only in their sums' order (fp32 in a, fp64 here). Not in the default list.
 
 Variants e and f keep the backward's token-contract formulas (X = dS s_K, Y = dS s_Q) with the
 group scale of each token. Fake quantisation: FP8 values are rounded to e4m3 (round to nearest even,
@@ -123,7 +124,7 @@ from sagebwd.fpa import fpa_attention
 from sagebwd.quant import (E4M3_MAX, QMAX, dequantize_groups, quantize_groups, quantize_row_blocks,
                            quantize_row_blocks_e4m3, round_to_e4m3)
 from sagebwd.simulate import (SageConfig, backward, compute_dtype, forward, forward_quantized,
-                              scores, smooth, token_dk, with_dq_k)
+                              scores, smooth, token_dk, with_dk_q, with_dq_k)
 from sagebwd.trace import error_stats, gaussian_inputs
 from sagebwd.validate import SUPPORTED_HEAD_DIMS, key_tile
 
@@ -335,7 +336,7 @@ def _bf16_dk(saved, inter, q, cfg: SageConfig, integer_q: bool) -> torch.Tensor:
 
 def _int8_y_dk(saved, inter, cfg: SageConfig) -> torch.Tensor:
     """dK of variant y8, the token contract's until 2026-11-28: Y = dS s_Q (here from the unquantised dS; the
-    contract's token_y rounds dO s_Q first, ~1% of dK's error at sigma 1) quantised per (kv token, q block), each q
+    contract then rounded dO s_Q first, ~1% of dK's error at sigma 1) quantised per (kv token, q block), each q
     block's exact integer product with Q^ scaled by its kv rows' scales, the blocks summed."""
     b, h, n, d = saved.v.shape
     tm, bq = n // cfg.block_q, cfg.block_q
@@ -385,9 +386,9 @@ def quantized_dp(do: torch.Tensor, v: torch.Tensor, cfg: SageConfig, variant: st
 def prescaled_do_dk(saved, inter, do: torch.Tensor, cfg: SageConfig, rounded: bool = True) -> torch.Tensor:
     """dK of variant dos: Y = P (dP s_Q - delta s_Q) with both terms from one product, V [dO s_Q | -delta s_Q]^T:
     dO s_Q rounded to bf16 (what a preprocess would write; the study's inputs are fp32, the kernels' bf16),
-    -delta s_Q split into two bf16 terms (hi, lo) whose partner columns of V are ones, the sum in fp32; Y
-    quantised per (kv token, q block) and multiplied by Q^ as simulate._token_products does. rounded False: the
-    same without the bf16 roundings (the contract's dK up to float rounding: the tests' check of the algebra)."""
+    -delta s_Q split into two bf16 terms (hi, lo) whose partner columns of V are ones, the sum in fp32; Y / s_Q
+    then takes dS's place in the contract's dK (simulate.token_dk). rounded False: the same without the bf16
+    roundings (the contract's dK up to float rounding: the tests' check of the algebra)."""
     ct, dtype = compute_dtype(saved.v.dtype), saved.v.dtype
     sm_scale = 1.0 / math.sqrt(saved.v.shape[-1])
     s_q = saved.s_q.unsqueeze(-1)   # per q row
@@ -399,7 +400,9 @@ def prescaled_do_dk(saved, inter, do: torch.Tensor, cfg: SageConfig, rounded: bo
     hi = bf16(delta_s)
     lo = bf16(delta_s - hi)
     dp_s = do_s @ saved.v.to(ct).transpose(-1, -2) - (hi + lo)
-    return token_dk(_backward_p(saved, cfg) * dp_s, saved, cfg, sm_scale).to(dtype)
+    ds = torch.where(s_q > 0, _backward_p(saved, cfg) * dp_s / torch.where(s_q > 0, s_q, torch.ones_like(s_q)),
+                     torch.zeros_like(dp_s))
+    return token_dk(ds, saved, cfg, sm_scale).to(dtype)
 
 
 def backward_with_dp(saved, do: torch.Tensor, dp: torch.Tensor, cfg: SageConfig):
@@ -419,7 +422,7 @@ def fixed_point_dq(saved, inter, do: torch.Tensor, cfg: SageConfig) -> tuple[tor
     "rel_l2_vs_exact_sum": the fixed-point sum against the partials' exact sum, before dQ's rounding to its dtype})."""
     b, h, n, d = saved.v.shape
     sm_scale = 1.0 / math.sqrt(d)
-    # the contract's dQ terms (simulate.token_dq: bf16(Y) / s_Q, as inter.ds holds it, times K16), summed per
+    # the contract's dQ terms (simulate.token_dq: bf16(dS), as inter.ds holds it, times K16), summed per
     # FUSED_KV_ROWS keys: a fused backward program's partial
     tx = n // FUSED_KV_ROWS
     partials = torch.einsum("bhqtk,bhtkd->bhqtd", inter.ds.double().reshape(b, h, n, tx, FUSED_KV_ROWS),
@@ -508,11 +511,7 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
                               quantize_interleaved(q_sm, 8, 8, 1))    # groups of one token: per token
                 k_hat, s_k = quantize_interleaved(k_sm, cfg.block_kv, 8, 2)
             o_e, saved_e = forward_quantized(q_hat, s_q, k_hat, s_k, mu_q, k_sm, v, cfg, q.dtype)
-            # dK's Q~ = Q / s_Q with the variant's own Q scales (the contract takes it from its 127 / amax)
-            s_q_rows = s_q.unsqueeze(-1)
-            q_tilde = torch.where(s_q_rows > 0, q_sm / torch.where(s_q_rows > 0, s_q_rows, torch.ones_like(s_q_rows)),
-                                  torch.zeros_like(q_sm))
-            saved_e = with_dq_k(saved_e, k, cfg)._replace(dk_q=q_tilde.to(torch.bfloat16))
+            saved_e = with_dk_q(with_dq_k(saved_e, k, cfg), q, cfg)
             (dq_e, dk_e, dv_e), inter_e = backward(saved_e, do, cfg, return_intermediates=True)
             out[name] = {"o": o_e, "dq": dq_e, "dk": dk_e, "dv": dv_e, "ds": inter_e.ds}
         else:

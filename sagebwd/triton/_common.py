@@ -90,16 +90,6 @@ def mul_rn(a, b):
 
 
 @triton.jit
-def dos_power(s_do, FP16: tl.constexpr):
-    """sagebwd.quant.dos_power from s_do's bits: (c, 1 / c), powers of two; (1, 1) unless FP16 (dO's dtype)."""
-    if FP16:
-        e = (s_do.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        return ((251 - e) << 23).to(tl.float32, bitcast=True), ((e + 3) << 23).to(tl.float32, bitcast=True)
-    else:
-        return 1.0, 1.0
-
-
-@triton.jit
 def round_to_int8(x):
     """int8 round(x) (ties to even) of fp32 x with |x| <= 127.
 
@@ -251,12 +241,10 @@ def tile_scales(amax, EXACT_SCALE: tl.constexpr):
 
 @triton.jit
 def quantize_token_rows(x):
-    """The token contract's INT8 of a (rows, D) fp32 tile, one scale per row: (int8 rows, scales, the rows before
-    their rounding, in bf16: Q~, the dK product's operand, simulate.with_dk_q; dead code where not stored). Called
-    by the quantise pass (K, and Q with Q-smoothing) and by the token forward, which quantises Q itself."""
+    """The token contract's INT8 of a (rows, D) fp32 tile, one scale per row: (int8 rows, scales). Called by the
+    quantise pass (K, and Q with Q-smoothing) and by the token forward, which quantises Q itself."""
     scale, inv = block_scales(tl.max(tl.abs(x), axis=1))
-    scaled = mul_rn(x, inv[:, None])
-    return round_to_int8(scaled), scale, to_16bit(scaled, tl.bfloat16)
+    return round_to_int8(mul_rn(x, inv[:, None])), scale
 
 
 @triton.jit

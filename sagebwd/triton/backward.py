@@ -24,10 +24,10 @@ output element is written by one program in a fixed order, so reruns are bit-ide
 Extra memory: 4 fp32 per (q block, kv tile), N^2 / (block_q * block_kv) * 16 bytes per head.
 
 TOKEN (the "token" contract) needs no tile scales, so the two kernels do not depend on each
-other: both make Y = dS * s_Q and take it in bf16 into a 16-bit product, dQ = bf16(Y) K16 / s_Q
-(simulate.token_dq) and dK = bf16(Y^T) Q~ with Q~ = Q / s_Q in bf16 (simulate.token_dk), and dV
-takes P^T in FP8 e4m3 with a static scale (P <= 1: no maximum): no scale is a maximum.
-S's scale is a row vector times a column vector.
+other: both make dS = P (dP - delta) from dO as given and take it in bf16 into a 16-bit product,
+dQ = bf16(dS) K16 (simulate.token_dq) and dK = bf16(dS^T) Q16 (simulate.token_dk), K16 and Q16 K and
+Q as given in bf16, and dV takes P^T in FP8 e4m3 with a static scale (P <= 1: no maximum): no scale
+is a maximum, and only S's recomputation reads s_Q and s_K (a row vector times a column vector).
 """
 from __future__ import annotations
 
@@ -39,10 +39,9 @@ import triton
 import triton.language as tl
 
 from ..quant import P_E4M3_LOG2   # a host number here (the kernels' constexprs come from _common)
-from ..quant import dos_power as host_dos_power   # the kernels' is _common.dos_power
 from ..validate import key_tile
 from . import registry
-from ._common import (DS_SPAN, LOG2E, P_E4M3_SCALE, dos_power, empty_in_layout_of, int_to_float, interpreting,
+from ._common import (DS_SPAN, LOG2E, P_E4M3_SCALE, empty_in_layout_of, int_to_float, interpreting,
                       program_tile, round_scaled_to_int8, saturated_ds_to_int8, tile_scales, to_16bit, to_e4m3,
                       to_k_order)
 from .forward import smooth_q_bias
@@ -98,7 +97,7 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
         v = tl.load(V_bh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
         dp = _dot16(do, tl.trans(v), DOT_F32)
         ds = p * (dp - delta[:, None])
-        if TOKEN:   # do is dO s_Q c and delta delta s_Q c: ds is c Y (Y = dS s_Q, dK's operand), a bf16 product
+        if TOKEN:   # dQ = bf16(dS) K16, a 16-bit product (simulate.token_dq)
             kf = tl.load(KF_bh + offs_n[:, None] * stride_kfn + offs_d[None, :] * stride_kfd).to(tl.float32)
             dq += _dot16(to_16bit(ds, tl.bfloat16), to_16bit(kf, tl.bfloat16), DOT_F32)
         else:
@@ -118,7 +117,7 @@ def _dq_tiles(dq, q8, do, lse, delta, offs_m, lo, hi, q_scale,
 
 
 @triton.jit
-def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, SDO, DQ, TILE_SCALES, MU, KF, KMEAN,
+def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, DQ, TILE_SCALES, MU, KF, KMEAN,
                stride_vb, stride_vh, stride_vn, stride_vd,
                stride_dob, stride_doh, stride_don, stride_dod,
                stride_kfb, stride_kfh, stride_kfn, stride_kfd,
@@ -128,9 +127,7 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, SDO, DQ, TILE_SCALES, MU
                CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr,
                DOT_F32: tl.constexpr, TOKEN: tl.constexpr):
     """BLOCK_M = block_q, BLOCK_N = block_kv: each iteration is exactly one quantisation tile. TOKEN (BLOCK_N the
-    forward's key tile, validate.key_tile): DO is dO s_Q c, DELTA delta s_Q c (c the q block's power of two from SDO,
-    quant.dos_power) and KF the K, in bf16, of dQ = (sm_scale / s_Q) bf16(Y) K16 (simulate.token_dq); SDO is unused
-    in the block contract."""
+    forward's key tile, validate.key_tile): KF is the K of dQ = sm_scale bf16(dS) K16 (simulate.token_dq)."""
     # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).
     rank, bh = program_tile(N // BLOCK_M, SECTION)
     pid_m = N // BLOCK_M - 1 - rank
@@ -178,11 +175,7 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, SDO, DQ, TILE_SCALES, MU
                        K8_bh, K8T_bh, SK_bh, V_bh, KF_bh, KMEAN_bh, MU_blk, TS_q, TS_step,
                        stride_vn, stride_vd, stride_kfn, stride_kfd, qk_const, N,
                        BLOCK_N, HEAD_DIM, False, SMOOTH_Q, SMOOTH_K, DOT_F32, TOKEN)
-    if TOKEN:   # the rows' 1 / s_Q and the block's 1 / c, once: Y's scale is constant along the keys
-        c, _ = dos_power(tl.load(SDO + bh * (N // BLOCK_M) + pid_m), DO.dtype.element_ty == tl.float16)
-        dq = dq * (sm_scale / (q_scale * c))[:, None]
-    else:
-        dq = dq * sm_scale
+    dq = dq * sm_scale
     tl.store(DQ + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gn + offs_d[None, :],
              to_16bit(dq, DQ.dtype.element_ty))   # rounded to nearest also under the interpreter
 
@@ -190,7 +183,7 @@ def _dq_kernel(Q8, SQ, K8, K8T, SK, V, DO, LSE2, DELTA, SDO, DQ, TILE_SCALES, MU
 @triton.jit
 def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                 Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
-                stride_don, stride_dod, qk_const, N,
+                stride_don, stride_dod, stride_qfn, stride_qfd, qk_const, N,
                 BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
                 SPLIT_D: tl.constexpr, CHAIN: tl.constexpr, MASKED: tl.constexpr, SMOOTH_Q: tl.constexpr,
                 DOT_F32: tl.constexpr, PASS: tl.constexpr, TOKEN: tl.constexpr):
@@ -208,11 +201,10 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
     half as large beside two 128 x 128 fp32 accumulators.
 
     TOKEN: k_scale and the q scales are per token; dV = P^T dO in FP8 e4m3 (256 P, no maximum;
-    dO^ e4m3 per q block), accumulated in fp32 by the tensor cores; Y^T = dS^T s_Q gets one scale
-    per kv row of each q block, measured here (a row max), so a slice is a whole q block (no CHAIN).
+    dO^ e4m3 per q block, one scale per block, so a slice is a whole q block: no CHAIN), accumulated in
+    fp32 by the tensor cores; dK = bf16(dS^T) Q16, Q16 = Q as given (Q8T_bh, strides stride_qf*) in bf16.
     LSE2_bh is then LSE2 - log2(256): p_t is 256 P, dV's operand as it stands, and so 256 times every
-    term of dK, which the caller's last scale takes back (exact: a power of two; Y^T's scales are row
-    maxima, so its integers do not change).
+    term of dK, which the caller's last scale takes back (exact: a power of two, bf16's rounding commutes with it).
     """
     tl.static_assert(not (TOKEN and (CHAIN or BLOCK_M != Q_BLOCK)), "TOKEN takes whole q blocks per slice")
     DH: tl.constexpr = HEAD_DIM // SPLIT_D
@@ -226,8 +218,6 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
         if TOKEN:
             s_do = tl.load(SDO_bh + i)
             dv_scale = s_do * (1.0 / P_E4M3_SCALE)   # exact: a power of two
-            # DO_bh and DELTA_bh carry the q block's c: Y^T comes out c times (c = 1 unless fp16)
-            _, dos_inv = dos_power(s_do, DO_bh.dtype.element_ty == tl.float16)
             qk_scale = (k_scale * qk_const)[:, None]
         else:
             q_scale = tl.load(SQ_bh + i)
@@ -237,7 +227,7 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
             dk_scale = (tl.load(ts + 2) * q_scale)[:, None]
             ds_kq = (tl.load(ts + 3) * (1.0 / DS_SPAN))[:, None]   # see saturated_ds_to_int8
             qk_scale = ((q_scale * k_scale) * qk_const)[:, None]
-        if SMOOTH_Q:
+        if SMOOTH_Q:   # S's bias (and the block contract's dK bias branch below)
             mu = tl.load(MU_bh + i * HEAD_DIM + offs_d)
             bias = (tl.sum(ksm * mu[None, :], axis=1) * qk_const)[:, None]
         if CHAIN:
@@ -281,18 +271,18 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                         do8 = tl.trans(tl.load(DO8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
                         dv_b += int_to_float(tl.dot(p8_t, do8, out_dtype=tl.int32)) * dv_scale
             if PASS != DV_ONLY:
-                # TOKEN: DO_bh is dO s_Q and DELTA_bh delta s_Q (backward_preprocess), so dp_t is dP^T s_Q
                 do = tl.load(DO_bh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
                 dp_t = _dot16(v, tl.trans(do), DOT_F32)
                 delta = tl.load(DELTA_bh + offs_m)[None, :]
-                if TOKEN:   # dK = bf16(Y^T) Q~ (simulate.token_dk): Y^T = dS^T s_Q, Q~ = Q / s_Q; no scale to find
-                    y_t = p_t * (dp_t - delta)   # c dS^T s_Q = P^T (dP^T s_Q c - delta s_Q c)
-                    y16_t = to_16bit(y_t * dos_inv, tl.bfloat16)   # exact: 1 / c is a power of two (1 unless fp16)
-                    q_tilde = tl.load(Q8T_bh + offs_m[:, None] * HEAD_DIM + offs_h[None, :])   # bf16 rows
-                    dk_a = _dot16(y16_t, q_tilde, DOT_F32, dk_a)   # chained: the Gluon dK/dV's order
+                if TOKEN:   # dK = bf16(dS^T) Q16 (simulate.token_dk): a 16-bit product, no scale to find
+                    ds16_t = to_16bit(p_t * (dp_t - delta), tl.bfloat16)   # 256 dS^T (p_t is 256 P^T)
+                    q_rows = Q8T_bh + offs_m[:, None] * stride_qfn
+                    q16 = to_16bit(tl.load(q_rows + offs_h[None, :] * stride_qfd).to(tl.float32), tl.bfloat16)
+                    dk_a = _dot16(ds16_t, q16, DOT_F32, dk_a)   # chained: the Gluon dK/dV's order
                     if SPLIT_D == 2:
-                        q_tilde = tl.load(Q8T_bh + offs_m[:, None] * HEAD_DIM + (DH + offs_h)[None, :])
-                        dk_b = _dot16(y16_t, q_tilde, DOT_F32, dk_b)
+                        q16 = to_16bit(tl.load(q_rows + (DH + offs_h)[None, :] * stride_qfd).to(tl.float32),
+                                       tl.bfloat16)
+                        dk_b = _dot16(ds16_t, q16, DOT_F32, dk_b)
                 else:
                     ds8_t = to_k_order(saturated_ds_to_int8(p_t, dp_t, delta * ds_kq, ds_kq))
                     if CHAIN:
@@ -304,11 +294,8 @@ def _dkdv_tiles(dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, hi,
                         if SPLIT_D == 2:
                             q8_cols = tl.trans(tl.load(Q8T_bh + (DH + offs_h)[:, None] * N + offs_m[None, :]))
                             dk_b += int_to_float(tl.dot(ds8_t, q8_cols, out_dtype=tl.int32)) * dk_scale
-                if SMOOTH_Q:   # the bias branch: colsum(dS_i)^T mu_i, from the unquantised dS (TOKEN: Y^T / s_Q)
-                    if TOKEN:
-                        ds_colsum = (tl.sum(y_t / q_scale, axis=1) * dos_inv)[:, None]
-                    else:
-                        ds_colsum = tl.sum(p_t * (dp_t - delta), axis=1)[:, None]
+                if SMOOTH_Q and not TOKEN:   # the bias branch colsum(dS_i)^T mu_i (TOKEN: Q16 holds mu_i)
+                    ds_colsum = tl.sum(p_t * (dp_t - delta), axis=1)[:, None]
                     dk_a += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + offs_h)[None, :]
                     if SPLIT_D == 2:
                         dk_b += ds_colsum * tl.load(MU_bh + i * HEAD_DIM + DH + offs_h)[None, :]
@@ -325,6 +312,7 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
                  stride_vb, stride_vh, stride_vn, stride_vd,
                  stride_dob, stride_doh, stride_don, stride_dod,
                  stride_kfb, stride_kfh, stride_kfn, stride_kfd,
+                 stride_qfb, stride_qfh, stride_qfn, stride_qfd,
                  stride_gb, stride_gh, stride_gn,
                  sm_scale, H, N,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Q_BLOCK: tl.constexpr, KV_BLOCK: tl.constexpr,
@@ -332,7 +320,8 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
                  SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, DOT_F32: tl.constexpr, PASS: tl.constexpr,
                  TOKEN: tl.constexpr):
     """BLOCK_N kv rows (BLOCK_N / KV_BLOCK kv tiles) per program; q in BLOCK_M slices (BLOCK_M | Q_BLOCK).
-    PASS: which of dK, dV this launch computes (BOTH, DV_ONLY, DK_ONLY)."""
+    PASS: which of dK, dV this launch computes (BOTH, DV_ONLY, DK_ONLY). Q8T: dK's Q operand, Q^T INT8 in k order
+    (block), or Q as given on its strides stride_qf* (TOKEN)."""
     pid_n = tl.program_id(0)   # causal: kv block 0 sees the most queries and runs first
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -357,7 +346,10 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
     else:
         ksm = 0.0
     Q8_bh = Q8 + seq_base
-    Q8T_bh = Q8T + seq_base
+    if TOKEN:
+        Q8T_bh = Q8T + b * stride_qfb + h * stride_qfh
+    else:
+        Q8T_bh = Q8T + seq_base
     DO_bh = DO + b * stride_dob + h * stride_doh
     DO8T_bh = DO8T + seq_base
     SDO_bh = SDO + bh * (N // Q_BLOCK)
@@ -383,18 +375,18 @@ def _dkdv_kernel(Q8, Q8T, SQ, K8, SK, V, DO, DO8T, SDO, LSE2, DELTA, TILE_SCALES
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, lo, mask_hi,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
-            stride_don, stride_dod, qk_const, N,
+            stride_don, stride_dod, stride_qfn, stride_qfd, qk_const, N,
             BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, True, SMOOTH_Q, DOT_F32, PASS, TOKEN)
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, mask_hi, N,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
-            stride_don, stride_dod, qk_const, N,
+            stride_don, stride_dod, stride_qfn, stride_qfd, qk_const, N,
             BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS, TOKEN)
     else:
         dk_a, dk_b, dv_a, dv_b = _dkdv_tiles(
             dk_a, dk_b, dv_a, dv_b, k8, v, ksm, k_scale, offs_n, 0, N,
             Q8_bh, Q8T_bh, SQ_bh, DO_bh, DO8T_bh, SDO_bh, LSE2_bh, DELTA_bh, MU_bh, TS_cols,
-            stride_don, stride_dod, qk_const, N,
+            stride_don, stride_dod, stride_qfn, stride_qfd, qk_const, N,
             BLOCK_M, Q_BLOCK, KV_BLOCK, HEAD_DIM, SPLIT_D, CHAIN, False, SMOOTH_Q, DOT_F32, PASS, TOKEN)
     offs_h = tl.arange(0, DH)
     out = b * stride_gb + h * stride_gh + offs_n[:, None] * stride_gn + offs_h[None, :]
@@ -460,7 +452,8 @@ def _dq_launch(block_q: int, block_kv: int, d: int) -> dict:
 class BackwardCall:
     """One backward's operands and outputs, as every dQ and dK/dV kernel's host function takes them
     (registry.KERNELS: run(call, tuning)). tile_scales: (p_scale, p_inv, ds_scale, ds_inv) per tile,
-    kv-major (a dK/dV program's are contiguous), which the dQ kernel writes and the dK/dV kernel reads."""
+    kv-major (a dK/dV program's are contiguous), which the dQ kernel writes and the dK/dV kernel reads.
+    q8t: the block contract's Q^T (the token contract's dK takes q)."""
     do: torch.Tensor
     delta: torch.Tensor
     do8t: torch.Tensor
@@ -485,21 +478,21 @@ class BackwardCall:
     block_q: int
     block_kv: int
     token: bool      # the "token" contract: s_q, s_k per token, no tile scales
-    delta_sq: torch.Tensor | None = None   # token: delta s_Q per q row (the dK/dV kernels' column constant)
+    q: torch.Tensor | None = None          # token: Q as given (any strides), dK's operand in bf16
     lse2_p: torch.Tensor | None = None     # token: lse2 - log2(256), which the dK/dV kernels read instead
-    do_s: torch.Tensor | None = None       # token: dO s_Q in dO's dtype, the dK/dV kernels' dP^T operand
 
 
-def _triton_args(c: BackwardCall, do: torch.Tensor | None = None) -> tuple:
+def _triton_args(c: BackwardCall, q_strides: bool = False) -> tuple:
     """(arguments after the tensors every Triton backward kernel takes, flags): the Q-smoothing operands
-    (placeholders without it), the strides (dO's: those of `do` if given, the tensor passed in its place),
+    (placeholders without it), the strides (q_strides: also those of dK's Q operand, the dK/dV kernel's),
     sm_scale, H, N."""
     b, h, n, d = c.q8.shape
     smooth_q = c.mu_q is not None
     kf = c.k if (smooth_q or c.token) else c.v   # K: the Q-smoothing bias's, and the token contract's dQ operand
     mu = c.mu_q if smooth_q else c.s_q
     k_mean = c.k_mean if (smooth_q and c.smooth_k) else c.s_q
-    strides = (*c.v.stride(), *(c.do if do is None else do).stride(), *kf.stride(), *c.dq.stride()[:3])   # dk, dv: dq's
+    q_op = (c.q.stride() if c.token else (0, 0, 0, 0)) if q_strides else ()   # block: Q^T, contiguous
+    strides = (*c.v.stride(), *c.do.stride(), *kf.stride(), *q_op, *c.dq.stride()[:3])   # dk, dv: dq's
     flags = dict(HEAD_DIM=d, CAUSAL=c.causal, SMOOTH_Q=smooth_q, SMOOTH_K=c.smooth_k, DOT_F32=interpreting(),
                  TOKEN=c.token)
     return (mu, kf, k_mean, *strides, 1.0 / math.sqrt(d), h, n), flags
@@ -508,11 +501,10 @@ def _triton_args(c: BackwardCall, do: torch.Tensor | None = None) -> tuple:
 def run_dq(c: BackwardCall, tuning: Tuning | None = None) -> None:
     """The Triton dQ kernel (registry: dq "triton")."""
     b, h, n, d = c.q8.shape
-    do = c.do_s if c.token else c.do   # token: Y from dO s_Q c, as the dK/dV kernels form it
-    tail, flags = _triton_args(c, do)
+    tail, flags = _triton_args(c)
     keys = key_tile("token" if c.token else "block", c.block_kv)   # one iteration: one key tile
     launch("dq", _dq_kernel, tile_grid(n // c.block_q, b * h),
-        c.q8, c.s_q, c.k8, c.k8t, c.s_k, c.v, do, c.lse2, c.delta_sq if c.token else c.delta, c.s_do, c.dq,
+        c.q8, c.s_q, c.k8, c.k8t, c.s_k, c.v, c.do, c.lse2, c.delta, c.dq,
         c.tile_scales, *tail,
         heads_per_section(c.causal, b * h, (c.k8, c.k8t, c.v)),
         BLOCK_M=c.block_q, BLOCK_N=keys, **flags,
@@ -520,11 +512,10 @@ def run_dq(c: BackwardCall, tuning: Tuning | None = None) -> None:
 
 
 def run_dkdv(c: BackwardCall, tuning: Tuning | None = None) -> None:
-    """The Triton dK/dV kernel (registry: dkdv "triton"), at d=128 as two launches (dV, then dK). Token: dO s_Q
-    and delta s_Q in the places of dO and delta (Y^T = P^T (dP^T s_Q - delta s_Q))."""
+    """The Triton dK/dV kernel (registry: dkdv "triton"), at d=128 as two launches (dV, then dK). Token: Q itself
+    in Q^T's place (dK = bf16(dS^T) Q16)."""
     b, h, n, d = c.q8.shape
-    do = c.do_s if c.token else c.do
-    tail, flags = _triton_args(c, do)
+    tail, flags = _triton_args(c, q_strides=True)
     rows, cols, split_d, chain, separate = dkdv_blocks(n, c.block_q, c.block_kv, d,
                                                        c.token, overrides(tuning).get("dkdv_blocks"))
     step = c.block_q if chain else cols
@@ -537,32 +528,29 @@ def run_dkdv(c: BackwardCall, tuning: Tuning | None = None) -> None:
         default = dict(num_warps=8 if rows >= 128 else 4,
                        num_stages=_stages(stage_bytes, 2 if (split_d == 2 or rows < 128) and not separate else 3))
         launch(name, _dkdv_kernel, (n // rows, b * h),
-            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, do, c.do8t, c.s_do, c.lse2_p if c.token else c.lse2,
-            c.delta_sq if c.token else c.delta,
-            c.tile_scales, c.dk, c.dv,
+            c.q8, c.q if c.token else c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do,
+            c.lse2_p if c.token else c.lse2, c.delta, c.tile_scales, c.dk, c.dv,
             *tail, BLOCK_M=cols, BLOCK_N=rows, Q_BLOCK=c.block_q, KV_BLOCK=c.block_kv, SPLIT_D=split_d, CHAIN=chain,
             PASS=pass_.value, **flags,
             **launch_settings(name if name in overrides(tuning) else "dkdv", default, tuning), tuning=tuning)
 
 
-def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delta_sq=None, lse2_p=None, do_s=None,
-             causal: bool,
+def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, lse2_p=None, q=None, causal: bool,
              smooth_k: bool, mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, out_dtype=None,
              layout_of=None, kernels: str = "default", quant: str = "block", tuning: Tuning | None = None):
     """dQ, dK, dV (B,H,N,D) in out_dtype (default v's dtype), all three in layout_of's memory
-    order (contiguous without it; _common.empty_in_layout_of). do and v may have any strides;
-    lse2 is the forward's LSE times log2(e) (backward_preprocess writes it, and with the token
-    contract delta_sq = delta s_Q, lse2_p = lse2 - log2(256) and do_s = dO s_Q in dO's dtype; computed here if not
-    given). quant: the contract
-    ("token": s_q, s_k per token). The dQ and the dK/dV kernels are the registry's for this device,
-    contract and `kernels` (one of them may compute all three)."""
+    order (contiguous without it; _common.empty_in_layout_of). do, v (and the token contract's q, k) may have any
+    strides; lse2 is the forward's LSE times log2(e) (backward_preprocess writes it, and with the token contract
+    lse2_p = lse2 - log2(256); computed here if not given). quant: the contract ("token": s_q, s_k per token;
+    q and k, the attention's Q and K, are dK's and dQ's 16-bit operands; q8t and k8t unused). The dQ and the dK/dV
+    kernels are the registry's for this device, contract and `kernels` (one of them may compute all three)."""
     b, h, n, d = q8.shape
-    if quant == "token" and k is None:
-        raise ValueError("the token contract's dQ is a bf16 product with K itself: pass k (the attention's K)")
-    if quant == "token" and (q8t is None or q8t.dtype != torch.bfloat16 or tuple(q8t.shape) != (b, h, n, d)):
-        got = "None" if q8t is None else f"{q8t.dtype} {tuple(q8t.shape)}"
-        raise ValueError(f"the token contract's dK takes Q~ = Q / s_Q in bf16 rows {(b, h, n, d)} in q8t's place "
-                         f"(quantize.empty_q_cols, written by the forward with for_backward=True): got {got}")
+    if quant == "token":
+        for name, t, product in (("k", k, "dQ = bf16(dS) K16"), ("q", q, "dK = bf16(dS^T) Q16")):
+            if t is None or tuple(t.shape) != (b, h, n, d) or t.dtype not in (torch.float16, torch.bfloat16):
+                got = "None" if t is None else f"{t.dtype} {tuple(t.shape)}"
+                raise ValueError(f"the token contract's {product} is a bf16 product with the attention's own "
+                                 f"{name.upper()}: pass {name}= (fp16 or bf16, {(b, h, n, d)}); got {got}")
     dq = empty_in_layout_of(q8 if layout_of is None else layout_of, out_dtype or v.dtype)
     dk = torch.empty_like(dq)
     dv = torch.empty_like(dq)
@@ -574,18 +562,12 @@ def backward(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, *, delt
     # Zeros: causal dK/dV slices may touch tiles wholly above the diagonal, which the dQ kernel
     # skips; zero scales make them contribute 0. The "token" contract has none (a placeholder).
     token = quant == "token"
-    if token and (delta_sq is None or do_s is None):   # backward_preprocess's: times its block's c (dos_power)
-        c = host_dos_power(s_do, do.dtype)[0].repeat_interleave(block_q, dim=-1)
-    if token and delta_sq is None:
-        delta_sq = (delta * s_q) * c
     if token and lse2_p is None:
         lse2_p = lse2 - P_E4M3_LOG2
-    if token and do_s is None:   # backward_preprocess's rounding: the products in fp32, then dO's dtype
-        do_s = ((do.float() * s_q.unsqueeze(-1)) * c.unsqueeze(-1)).to(do.dtype)
     tile_scales = None if one_kernel else s_q if token else torch.zeros(
         b * h, n // block_kv, n // block_q, 4, device=q8.device, dtype=torch.float32)
     call = BackwardCall(do, delta, do8t, s_do, q8, q8t, s_q, k8, k8t, s_k, v, lse2, dq, dk, dv, tile_scales, causal,
-                        smooth_k, mu_q, k, k_mean, block_q, block_kv, token, delta_sq, lse2_p, do_s)
+                        smooth_k, mu_q, k, k_mean, block_q, block_kv, token, q, lse2_p)
     if token and not one_kernel and SIDE_STREAM and q8.is_cuda:
         # nothing passes between the two kernels (no tile scales): the dQ kernel runs beside the dK/dV kernel, on a
         # side stream, launched second (docs/kernel-notes.md, "The two token backward kernels on two streams")

@@ -35,9 +35,9 @@ where it does not apply (a sequence that is not a multiple of 128). The host sid
 
 TOKEN (the token contract, opt-in in the registry): the same kernels with _q_block_token as the
 per-block step, backward.py's TOKEN arithmetic: dV = P^T dO in FP8 e4m3 (P with a static scale), and
-dK = bf16(Y^T) Q~ (Y^T = dS^T s_Q, Q~ = Q / s_Q in bf16 rows, which the ring carries in Q^T's place);
-no scale is a maximum. s_Q per q row comes by TMA with the block, like LSE (docs/kernel-notes.md, "The
-token contract's Gluon dK/dV", "Nineteenth session").
+dK = bf16(dS^T) Q16 (dS from dO as given, Q16 Q itself in bf16 rows, which the ring carries in Q^T's place);
+no scale is a maximum. s_Q per q row (S's) comes by TMA with the block, like LSE (docs/kernel-notes.md, "The
+token contract's Gluon dK/dV", "Twentieth session").
 
 Limits (registry; else backward.py runs): head_dim 64 or 128, block_q 128, block_kv 64, no
 Q-smoothing.
@@ -50,7 +50,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .. import quant
-from ._common import dos_power   # a triton.jit helper: callable from Gluon (scalar arithmetic)
 
 G_MAGIC_F = gl.constexpr(12582912.0)   # 1.5 * 2**23: see _common.MAGIC_F
 G_DS_SPAN = gl.constexpr(254.0)   # see _common.saturated_ds_to_int8
@@ -127,11 +126,11 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, q_row0, start_n, vb, vh, PA
 
 
 @gluon.jit
-def _qt_copy(qt_desc, q_row0, t_row0, row, bar, dest, TOKEN: gl.constexpr):
+def _qt_copy(qt_desc, q_row0, t_row0, row, vb, vh, bar, dest, TOKEN: gl.constexpr):
     """TMA of dK's Q operand from q row `row` of the head: Q^T INT8 (rows t_row0.. of the (B*H*D, N) copy, columns
-    row..), or TOKEN Q~ in bf16 rows (rows q_row0 + row.. of (B*H*N, D): quantize.empty_q_cols)."""
+    row..), or TOKEN Q itself in bf16 rows, as dO's (hopper.seq_desc: its own strides, or 2-D when contiguous)."""
     if TOKEN:
-        tma.async_copy_global_to_shared(qt_desc, [q_row0 + row, 0], bar, dest)
+        _seq_copy(qt_desc, vb, vh, q_row0, row, bar, dest)
     else:
         tma.async_copy_global_to_shared(qt_desc, [t_row0, row], bar, dest)
 
@@ -141,7 +140,7 @@ def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem
                 lse_smem, delta_smem, bars, r, blk, q_row0, t_row0, vb, vh, STAGES: gl.constexpr,
                 SLICE: gl.constexpr, PASS: gl.constexpr, sq_desc, sq_smem, TOKEN: gl.constexpr):
     """TMA of all of q block `blk` into ring slot r % STAGES on one barrier, each tensor as one copy of
-    the whole block: Q^ and LSE (TOKEN: and s_Q, one scale per q row), dO^T for dV, dO, Q^T (TOKEN: Q~
+    the whole block: Q^ and LSE (TOKEN: and s_Q, one scale per q row), dO^T for dV, dO, Q^T (TOKEN: Q
     rows, _qt_copy) and delta for dK. (A Gluon kernel that is not warp specialised puts a CTA barrier and
     ~13 instructions at every copy: at d=64 per-slice copies were 16% of the loop's instructions; per-slice
     barriers measured 6% slower there.)"""
@@ -162,7 +161,7 @@ def _load_block(q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, q_smem
     if PASS != DK_ONLY:
         tma.async_copy_global_to_shared(dot_desc, [t_row0, row], bar, dot_smem.index(slot))
     if PASS != DV_ONLY:
-        _qt_copy(qt_desc, q_row0, t_row0, row, bar, qt_smem.index(slot), TOKEN)
+        _qt_copy(qt_desc, q_row0, t_row0, row, vb, vh, bar, qt_smem.index(slot), TOKEN)
         tma.async_copy_global_to_shared(delta_desc, [q_row0 + row], bar, delta_smem.index(slot))
 
 
@@ -184,7 +183,7 @@ def _load_slice(q_desc, do_desc, qt_desc, lse_desc, delta_desc, q_smem, do_smem,
         tma.async_copy_global_to_shared(sq_desc, [q_row0 + row], bar, sq_smem.index(i))
     tma.async_copy_global_to_shared(lse_desc, [q_row0 + row], bar, lse_smem.index(i))
     _seq_copy(do_desc, vb, vh, q_row0, row, bar, do_smem.index(i))
-    _qt_copy(qt_desc, q_row0, t_row0, row, bar, qt_smem.index(i), TOKEN)
+    _qt_copy(qt_desc, q_row0, t_row0, row, vb, vh, bar, qt_smem.index(i), TOKEN)
     tma.async_copy_global_to_shared(delta_desc, [q_row0 + row], bar, delta_smem.index(i))
 
 
@@ -470,10 +469,10 @@ def _rows_dot(x_a, x_b, smem, slot, op_layout: gl.constexpr, zero_acc, HAS_A: gl
 @gluon.jit
 def _rows_dot16(x_a, x_b, smem, slot, acc, HAS_A: gl.constexpr, SLICE: gl.constexpr, HEAD_DIM: gl.constexpr,
                 BLOCKED: gl.constexpr):
-    """The token contract's dK = bf16(Y^T) Q~ of one q block (simulate.token_dk), added into acc (fp32, in a bf16
-    dot's accumulator layout, across the q blocks): the rows of x^T (kv rows; both q slices, x_a read only if HAS_A)
-    rounded to bf16 as A operands from registers, times the slices' Q~ rows in `smem` (bf16 [q, D]: an MN-major B,
-    which 16-bit wgmma takes); issued asynchronously. No scale: s_Q cancels between Y and Q~."""
+    """The token contract's dK = bf16(dS^T) Q16 of one q block (simulate.token_dk), added into acc (fp32, in a bf16
+    dot's accumulator layout, across the q blocks): the rows of x^T (kv rows, 256 dS^T; both q slices, x_a read only
+    if HAS_A) rounded to bf16 as A operands from registers, times the slices' Q rows in `smem` (bf16 [q, D]: an
+    MN-major B, which 16-bit wgmma takes); issued asynchronously. No scale."""
     op16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
     if HAS_A:
         acc = warpgroup_mma(gl.convert_layout(x_a.to(gl.bfloat16), op16), _rows(smem, slot, 0, SLICE, HEAD_DIM,
@@ -494,17 +493,16 @@ def _token_probs(st, kq, sq, lse, offs_q, offs_kv, MASK: gl.constexpr, MASK_DIAG
 
 
 @gluon.jit
-def _token_y(p, dpt, delta_sq, s_layout: gl.constexpr):
-    """Y^T = dS^T s_Q = P^T (dP^T s_Q - delta s_Q), as backward.py: dpt is already dP^T s_Q (the ring carries
-    dO s_Q in dO's place, backward_preprocess), so no s_Q is read per column: one subtraction of delta s_Q (the
-    delta ring's, from backward_preprocess), then the multiply by P^T."""
-    return p * (gl.convert_layout(dpt, s_layout) - delta_sq[None, :])
+def _token_ds(p, dpt, delta, s_layout: gl.constexpr):
+    """dS^T = P^T (dP^T - delta), as backward.py: one subtraction of delta (the delta ring's, per q column), then
+    the multiply by P^T (256 P^T: dS^T comes out 256 times, as dK's terms)."""
+    return p * (gl.convert_layout(dpt, s_layout) - delta[None, :])
 
 
 @gluon.jit
 def _x_probe(y, kq, dst):
-    """A fused backward's X^ of one q slice, for its cost (tools.dq_reduce_probe): X^T = Y^T s_K / s_Q with one
-    multiply per element (kq stands in for s_K; 1/s_Q, per column, folds into the scale), its maximum per q
+    """A fused backward's X^ of one q slice, for its cost (tools.dq_reduce_probe): X^T = dS^T s_K with one
+    multiply per element (kq stands in for s_K), its maximum per q
     column over this warpgroup's kv rows (a fused kernel also exchanges it with the other warpgroup), INT8 by
     it, stored transposed (q rows, keys contiguous: the dQ product's A operand) into the first SLICE keys of dst."""
     x = y * kq[:, None]
@@ -515,10 +513,10 @@ def _x_probe(y, kq, dst):
 
 @gluon.jit
 def _y16_probe(y, dst):
-    """A fused backward's dQ operand of one q slice in bf16, for its cost (tools.dq_reduce_probe): Y^T (256 dS^T s_Q,
-    what dK's path already holds in fp32) rounded to bf16 and stored transposed (q rows, keys contiguous: the bf16
-    dQ product's A operand) into the first SLICE keys of dst; 1 / (256 s_Q) per q row would scale dQ's rows at the
-    end. No maximum: the product is 16-bit (tools.quant_study variant y16)."""
+    """A fused backward's dQ operand of one q slice in bf16, for its cost (tools.dq_reduce_probe): 256 dS^T (what
+    dK's path already holds in fp32) rounded to bf16 and stored transposed (q rows, keys contiguous: the bf16 dQ
+    product's A operand) into the first SLICE keys of dst; 1 / 256 would scale dQ at the end. No maximum: the
+    product is 16-bit (simulate.token_dq)."""
     dst.slice(0, y.shape[0], dim=1).permute((1, 0)).store(y.to(gl.bfloat16))
 
 
@@ -535,17 +533,17 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
 
     dV = P^T dO is FP8 e4m3: 256 P^T with no maximum (P <= 1) times dO^T's e4m3 tiles, chained over
     both slices in fp32 and scaled by s_dO / 256, one number per q block. The LSE ring holds LSE2 -
-    log2(256) (backward_preprocess), so exp2 yields 256 P^T with no multiply; Y^T is then 256 times
-    too (a power of two: bf16(256 Y^T) = 256 bf16(Y^T)), and the kernel's last dK scale divides by 256.
-    dK += bf16(Y^T) Q~ (Y^T = dS^T s_Q, Q~ = Q / s_Q in bf16 rows from the ring: simulate.token_dk) is a
+    log2(256) (backward_preprocess), so exp2 yields 256 P^T with no multiply; dS^T is then 256 times
+    too (a power of two: bf16(256 dS^T) = 256 bf16(dS^T)), and the kernel's last dK scale divides by 256.
+    dK += bf16(dS^T) Q16 (dP^T from dO as given, Q16 Q itself in bf16 rows from the ring: simulate.token_dk) is a
     bf16 product chained into the dK accumulator across the q blocks, with no scale. Order, to keep
     at most three 64 x 64 fp32 tiles beside the accumulators (d=64, BOTH): S^T of both slices issued;
-    P^T of slice a; dP^T of slice a issued; P^T of slice b; dV of both issued; Y^T of slice a; dP^T of
-    slice b; dV added; Y^T of slice b; dK of both. Slice a (HAS_A False: wholly above the causal
+    P^T of slice a; dP^T of slice a issued; P^T of slice b; dV of both issued; dS^T of slice a; dP^T of
+    slice b; dV added; dS^T of slice b; dK of both. Slice a (HAS_A False: wholly above the causal
     diagonal) is then skipped: its P^T is 0, which adds nothing to dV or dK.
     The ring entry (both slices) is released at the block's end. DQ_MODE (tools.dq_reduce_probe; NO_DQ by default):
     while dK's product runs, a fused backward's dQ operand of both slices is made and stored to dq_x: X^ (_x_probe)
-    with PRODUCT_X_DQ, Y in bf16 (_y16_probe) with PRODUCT_Y16_DQ."""
+    with PRODUCT_X_DQ, dS in bf16 (_y16_probe) with PRODUCT_Y16_DQ."""
     slot = r % STAGES
     phase = (r // STAGES) & 1
     s_do = gl.load(SDO_bh + blk)   # dO^'s scale: per q block, as in the block contract
@@ -591,7 +589,7 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
                                   zero_dp, use_acc=False, is_async=True)
         if PASS == DK_ONLY:
             dpt_a = warpgroup_mma_wait(1, deps=[dpt_a])
-            p_a = _token_y(p_a, dpt_a, _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED), s_layout)   # Y^T
+            p_a = _token_ds(p_a, dpt_a, _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED), s_layout)   # dS^T
     if PASS == DK_ONLY:   # dP^T of slice b only now: all four tiles in flight spilled at d=128
         dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_dp,
                               use_acc=False, is_async=True)
@@ -610,11 +608,11 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
                             gl.zeros([SLICE, HEAD_DIM], gl.float32, acc_layout), HAS_A, SLICE, BLOCKED)
         dv_scale = s_do * (1.0 / G_P_E4M3_SCALE)   # exact: a power of two
     if PASS == BOTH:
-        # Y^T of slice a (its dP^T was issued before the dV dots), then slice b's dP^T
-        if HAS_A:   # delta s_Q read before the wait, so that its latency runs with it (no s_Q beside it now)
+        # dS^T of slice a (its dP^T was issued before the dV dots), then slice b's dP^T
+        if HAS_A:   # delta read before the wait, so that its latency runs with it
             delta_a = _slice_vector(delta_smem, slot, 0, col, SLICE, BLOCKED)
             dpt_a = warpgroup_mma_wait(2, deps=[dpt_a])
-            p_a = _token_y(p_a, dpt_a, delta_a, s_layout)   # Y^T
+            p_a = _token_ds(p_a, dpt_a, delta_a, s_layout)   # dS^T
         dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, BLOCKED).permute((1, 0)), zero_dp,
                               use_acc=False, is_async=True)
         dv_prod = warpgroup_mma_wait(1, deps=[dv_prod])
@@ -628,17 +626,10 @@ def _q_block_token(r, blk, dv, dk, k_smem, v_tile, q_smem, do_smem, qt_smem, dot
         dpt_b = warpgroup_mma_wait(0, deps=[dpt_b])
 
     if DK_PASS:
-        # dK += bf16(Y^T) Q~ (Y^T = dS^T s_Q, Q~ = Q / s_Q in bf16 rows): a 16-bit product, no scale to find
+        # dK += bf16(dS^T) Q16 (Q itself in bf16 rows): a 16-bit product, no scale to find
         if PASS != BOTH:
             delta_b = _slice_vector(delta_smem, slot, 1, col, SLICE, BLOCKED)
-        y_b = _token_y(p_b, dpt_b, delta_b, s_layout)
-        if do_smem.dtype == gl.float16:
-            # the ring's dO s_Q and delta s_Q carry the block's c (backward_preprocess; 1 unless fp16): Y^T came out
-            # c times; 1 / c is a power of two, so bf16(Y^T) is the simulation's exactly
-            c_inv = dos_power(s_do, True)[1]
-            y_b = y_b * c_inv
-            if HAS_A:
-                p_a = p_a * c_inv
+        y_b = _token_ds(p_b, dpt_b, delta_b, s_layout)
         dk_next = _rows_dot16(p_a if HAS_A else y_b, y_b, qt_smem, slot, dk, HAS_A, SLICE, HEAD_DIM, BLOCKED)
         if DQ_MODE == PRODUCT_Y16_DQ:
             if HAS_A:

@@ -38,12 +38,10 @@ At d=64 it computes the same dQ but is slower than the Triton kernel (0-14%: 191
 program of 8 warps per SM, where the Triton kernel fits two at 128 registers; capped at 128 here it
 spills), so the registry lists it at d=128 only for the block contract. The host side: hopper.py.
 TOKEN (the token contract; the registry's default on sm_90, warp-specialised): _tile_token as the tile
-step, backward.py's TOKEN arithmetic (simulate.token_dq): dP from dO s_Q c and delta s_Q c (the
-preprocess's, as the dK/dV kernels read them; c the q block's power of two, 1 unless fp16), so that
-P (dP - delta) is c Y, Y = dS s_Q, dK's operand; Y in bf16 from registers times K in bf16 from the ring
-(in place of K^T INT8), two chained wgmmas per tile pair accumulating into dQ itself: no maximum, no
-rounding to INT8, no per-tile scale (Y's is per q row, constant along the keys), dQ's rows scaled once
-by sm_scale / (s_Q c) at the end. The pair's product runs during the next pair's first tile; s_K per kv
+step, backward.py's TOKEN arithmetic (simulate.token_dq): dS = P (dP - delta) from dO as given, in bf16
+from registers times K in bf16 from the ring (in place of K^T INT8), two chained wgmmas per tile pair
+accumulating into dQ itself: no maximum, no rounding to INT8, no per-tile scale; dQ scaled once by
+sm_scale at the end. The pair's product runs during the next pair's first tile; s_K per kv
 row (S's) by TMA with each tile pair (a ring beside K^'s), s_Q per q row loaded once (docs/kernel-notes.md,
 "The token contract's Gluon dQ", "dQ in bf16 from Y").
 SPLIT (TOKEN and WS; registry dq "gluon-ws2": the d=128 token default without the causal mask, a choice
@@ -58,7 +56,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from ._common import dos_power, program_tile
+from ._common import program_tile
 from .dkdv_hopper import _int8_bits, _seq_copy, as_a_operand
 
 Q_ROWS = 128    # q rows per program = block_q
@@ -187,7 +185,7 @@ def _add_product(dq, dq_int, scale):
 
 @gluon.jit
 def _pair_product(dq, y_a, y_b, k16_pair, op_layout: gl.constexpr, KV_ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """TOKEN: dq + c Y K16 of a tile pair, issued (async): the two tiles' c Y in bf16 (registers) times their K in
+    """TOKEN: dq + dS K16 of a tile pair, issued (async): the two tiles' dS in bf16 (registers) times their K in
     bf16 (k16_pair: the pair's [2 KV_ROWS, HEAD_DIM] rows from the ring), chained into dq itself."""
     k16 = k16_pair.reshape([2 * KV_ROWS, HEAD_DIM])
     acc = warpgroup_mma(gl.convert_layout(y_a, op_layout), k16.slice(0, KV_ROWS), dq, use_acc=True, is_async=True)
@@ -203,9 +201,9 @@ def _tile_token(j, dq, y_a, y_b, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_ti
                 PRODUCT: gl.constexpr):
     """Tile j in the token contract (backward.py's TOKEN branches, in its order and roundings):
     S = int(Q^ K^T) * s_K per kv column * (s_Q qk_const) per q row (qk_row), then exp2(S - LSE) (the
-    second multiply and the subtraction one fma, contracted as there); returns dq and c Y = P (dP - delta)
-    (do_smem holds dO s_Q c, delta is delta s_Q c). PRODUCT (the pair's first tile, unless it is the
-    block's first pair): the previous pair's product c Y K16 (y_a, y_b: its c Y in bf16; kt_prev: its K
+    second multiply and the subtraction one fma, contracted as there); returns dq and dS = P (dP - delta).
+    PRODUCT (the pair's first tile, unless it is the
+    block's first pair): the previous pair's product dS K16 (y_a, y_b: its dS in bf16; kt_prev: its K
     rows) runs on the tensor cores into dq with S and dP; WS: the ring slot that product read is then freed
     (a barrier and one arrive; not WS: _pair refills it after this tile). s_K of the tile's kv rows
     (sk_tile) came by TMA with K^ (loaded from global memory, its 64-bit addresses were carried across
@@ -245,7 +243,7 @@ def _tile_token(j, dq, y_a, y_b, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_ti
         offs_n = j * KV_ROWS + gl.arange(0, KV_ROWS, layout=gl.SliceLayout(0, s_layout))
         p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
     dp = warpgroup_mma_wait(0, deps=[dp_tok])
-    return dq, p * (gl.convert_layout(dp, s_layout) - delta[:, None])   # c Y
+    return dq, p * (gl.convert_layout(dp, s_layout) - delta[:, None])   # dS
 
 
 @gluon.jit
@@ -284,7 +282,7 @@ def _pair(u, n_pairs, dq, ds_prev, ds_prev_b, scale_prev, prev_slot, q_smem, do_
                               sk_smem.index(slot).slice(KV_ROWS, KV_ROWS), lse, delta, offs_m, q_scale, refill,
                               s_layout, dp_layout, op_layout, STAGES, Q_ROWS, KV_ROWS, HEAD_DIM, MASK,
                               empty, WS, HALF, False)
-        # the pair's c Y in bf16, the next pair's first tile's product (no maximum: a 16-bit product)
+        # the pair's dS in bf16, the next pair's first tile's product (no maximum: a 16-bit product)
         bits = y_a.to(gl.bfloat16)
         bits_b = y_b.to(gl.bfloat16)
         scale_b = scale_prev
@@ -323,7 +321,7 @@ def _producer(q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem,
 
 @gluon.jit
 def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc, kt_desc, v_desc,
-             SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
+             SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
              n_pairs, HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
              STAGES: gl.constexpr, WS: gl.constexpr, TOKEN: gl.constexpr, sk_desc, sk_smem, HALF: gl.constexpr = -1):
     """dQ and the tile scales of q block pid_m on all of the program's (WS: the consumer
@@ -366,7 +364,7 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
     TS_step = (N // Q_ROWS) * 4   # from one kv tile's record to the next
     qk_const = sm_scale * 1.4426950408889634
     dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
-    # no product in flight before tile 0: the block contract's dS^ bits; TOKEN: c Y in bf16 of both tiles of a pair
+    # no product in flight before tile 0: the block contract's dS^ bits; TOKEN: dS in bf16 of both tiles of a pair
     ds_bits = gl.zeros([ROWS, KV_ROWS], gl.bfloat16 if TOKEN else gl.int32, s_layout)
     ds_bits_b = ds_bits   # TOKEN: the second tile's (the block contract: unused)
     scale = qk_const   # the block contract's dQ scale of the product in flight (TOKEN: unused)
@@ -384,7 +382,7 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
         n_unmasked = n_pairs
     # ONE_COPY (the halves, but not at d=128 under the mask): one copy of the unmasked pair code per
     # partition, where the peeled first pair makes two: the first pair runs the loop's code, its "previous"
-    # product a zero c Y (ds_bits, ds_bits_b: zeros) that adds exactly 0. Two partitions of four copies each
+    # product a zero dS (ds_bits, ds_bits_b: zeros) that adds exactly 0. Two partitions of four copies each
     # (~9k SASS instructions at d=64) ran the causal dQ 2 points slower than one copy (docs/kernel-notes.md).
     # At d=128 under the mask ptxas then spills ~60 values inside each consumer's loop; masking the diagonal
     # behind a branch in the loop instead (one copy in all) ran the causal dQ 11-13% slower.
@@ -429,26 +427,20 @@ def _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_
         dq = _add_product(dq, dq_int, scale)
 
     offs_r = start_m + OFF + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
-    if TOKEN:   # the rows' 1 / s_Q and the block's 1 / c, once, as backward.py's: Y's scale is constant along the keys
-        q_c = gl.load(SQ + row0 + offs_r) * dos_power(gl.load(SDO + bh * (N // Q_ROWS) + pid_m),
-                                                       do_smem.dtype == gl.float16)[0]
-        dq = dq * (sm_scale / q_c)[:, None]
-    else:
-        dq = dq * sm_scale
+    dq = dq * sm_scale
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     DQ_bh = DQ + vb.to(gl.int64) * stride_gb + vh.to(gl.int64) * stride_gh
     gl.store(DQ_bh + offs_r[:, None] * stride_gn + offs_d[None, :], dq.to(DQ.dtype.element_ty))
 
 
 @gluon.jit
-def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn,
+def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn,
                TILE_SCALES, sm_scale, N, H, SECTION, sk_desc,
                HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, CAUSAL: gl.constexpr,
                STAGES: gl.constexpr, WS: gl.constexpr, PRODUCER_REGS: gl.constexpr, TOKEN: gl.constexpr,
                SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """TOKEN: the token contract (SQ, SK per token, sk_desc SK's TMA view in boxes of a tile pair; do_desc dO s_Q c
-    and DELTA delta s_Q c, c the q block's power of two from SDO, dO^'s scales; kt_desc K in bf16; TILE_SCALES
-    unused), else the block contract (sk_desc, SDO unused). SPLIT (TOKEN, WS; launched with 4
+    """TOKEN: the token contract (SQ, SK per token, sk_desc SK's TMA view in boxes of a tile pair; kt_desc K in
+    bf16; TILE_SCALES unused), else the block contract (sk_desc unused). SPLIT (TOKEN, WS; launched with 4
     warps): the block's two halves on two consumer partitions of one warpgroup each, which share the
     ring (a slot is free once both have arrived) and take turns issuing their products (_tile_token)."""
     gl.static_assert(Q_ROWS == 2 * KV_ROWS, "the causal diagonal is the block's last tile pair")
@@ -495,11 +487,11 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, SD
         mbarrier.init(empty.index(STAGES + 1), count=1)
         gl.warp_specialize([
             (_dq_block, (q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc,
-                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
+                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
                         sm_scale, N, H, pid_m, bh, n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, True, TOKEN,
                         sk_desc, sk_smem, 0)),
             (_dq_block, (q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc,
-                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
+                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
                         sm_scale, N, H, pid_m, bh, n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, True, TOKEN,
                         sk_desc, sk_smem, 1)),
             (_producer, (q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem, kt_smem, v_smem, q_bar,
@@ -512,7 +504,7 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, SD
             mbarrier.init(empty.index(i), count=1)   # the consumers arrive once, after a barrier of theirs
         gl.warp_specialize([
             (_dq_block, (q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, empty, k_desc,
-                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
+                        kt_desc, v_desc, SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES,
                         sm_scale, N, H, pid_m, bh, n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, True, TOKEN,
                         sk_desc, sk_smem)),
             (_producer, (q_desc, do_desc, k_desc, kt_desc, v_desc, q_smem, do_smem, k_smem, kt_smem, v_smem, q_bar,
@@ -528,7 +520,7 @@ def _dq_kernel(q_desc, do_desc, k_desc, kt_desc, v_desc, SQ, SK, LSE2, DELTA, SD
                 _load_pair(k_desc, kt_desc, v_desc, k_smem, kt_smem, v_smem, bars, i, row0, t_row0, vb, vh, STAGES,
                            KV_ROWS, sk_desc, sk_smem, TOKEN)
         _dq_block(q_smem, do_smem, k_smem, kt_smem, v_smem, xbuf_a, xbuf_b, bars, q_bar, bars, k_desc, kt_desc, v_desc,
-                 SQ, SK, LSE2, DELTA, SDO, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
+                 SQ, SK, LSE2, DELTA, DQ, stride_gb, stride_gh, stride_gn, TILE_SCALES, sm_scale, N, H, pid_m, bh,
                  n_pairs, HEAD_DIM, Q_ROWS, KV_ROWS, CAUSAL, STAGES, False, TOKEN, sk_desc, sk_smem)
         for i in gl.static_range(STAGES + 1):
             mbarrier.invalidate(bars.index(i))

@@ -135,14 +135,14 @@ def _forward_tiles(acc, acc2, l_i, m_i, q8, q_scale, offs_m, lo, hi,
 
 
 @triton.jit
-def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN, Q, Q8T,
+def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN, Q,
                     stride_kfb, stride_kfh, stride_kfn, stride_kfd, stride_ob, stride_oh, stride_on,
                     stride_qb, stride_qh, stride_qn, stride_qd, sm_scale, H, N, SECTION,
                     BLOCK_M: tl.constexpr, Q_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                     CAUSAL: tl.constexpr, SMOOTH_Q: tl.constexpr, SMOOTH_K: tl.constexpr, TOKEN: tl.constexpr,
-                    QUANTIZE_Q: tl.constexpr = False, WRITE_QT: tl.constexpr = False, PDL: tl.constexpr = False):
-    """QUANTIZE_Q: Q (any strides) is quantised here into Q8, SQ and (WRITE_QT) Q8T; otherwise Q, Q8T and
-    the q strides are not read. PDL (launched as a programmatic dependent of the quantise launch): everything
+                    QUANTIZE_Q: tl.constexpr = False, PDL: tl.constexpr = False):
+    """QUANTIZE_Q: Q (any strides) is quantised here into Q8 and SQ; otherwise Q and the q strides are not
+    read. PDL (launched as a programmatic dependent of the quantise launch): everything
     before the grid-dependency wait reads only Q and writes only Q's buffers, which the quantise launch leaves."""
     # Causal: the last q blocks see the most keys; they run first (rank 0, schedule.py).
     rank, bh = program_tile(N // BLOCK_M, SECTION)
@@ -153,16 +153,13 @@ def _forward_kernel(Q8, K8, V8T, SQ, SK, SV, O, LSE, MU, KF, KMEAN, Q, Q8T,
     seq_base = bh.to(tl.int64) * N * HEAD_DIM
     if QUANTIZE_Q:
         # The token contract without Q-smoothing: this program quantises its own q rows (one scale per
-        # token needs nothing beyond the row) and writes Q^, its scales and, for the backward, Q^ sequence-
-        # contiguous, as the quantise pass would: that pass then reads and writes K and V only (the forward
-        # has memory bandwidth to spare, the pass had none).
+        # token needs nothing beyond the row) and writes Q^ and its scales, as the quantise pass would: that pass
+        # then reads and writes K and V only (the forward has memory bandwidth to spare, the pass had none).
         x = tl.load(Q + (bh // H).to(tl.int64) * stride_qb + (bh % H).to(tl.int64) * stride_qh
                     + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd).to(tl.float32)
-        x8, x_scale, x_tilde = quantize_token_rows(x)
+        x8, x_scale = quantize_token_rows(x)
         tl.store(SQ + bh * N + offs_m, x_scale)
         tl.store(Q8 + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], x8)
-        if WRITE_QT:   # dK's operand Q~ = Q / s_Q in bf16 rows (simulate.with_dk_q)
-            tl.store(Q8T + seq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], x_tilde)
         # Read back below, as without QUANTIZE_Q: taken from the quantisation's registers, Q^ cost the main loop
         # 12.2 instead of 11.9 SASS per score element at d=64 and spill traffic at d=128 (docs/kernel-notes.md,
         # "Twelfth session"); the barrier makes the program's stores visible to all its threads.
@@ -249,10 +246,10 @@ def _launch_settings(rows: int, head_dim: int, keys: int, causal: bool, token: b
 
 
 def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, mu_q, k, k_mean, block_q: int,
-        block_kv: int, layout_of, quant: str = "block", q=None, q8t=None, pdl: bool = False,
+        block_kv: int, layout_of, quant: str = "block", q=None, pdl: bool = False,
         tuning: Tuning | None = None):
     """The Triton forward kernel (registry: forward "triton", both contracts): (O, LSE), as forward() says;
-    with q (token, no Q-smoothing) it writes q8, s_q and q8t (if given) from q first. pdl: launched as the
+    with q (token, no Q-smoothing) it writes q8 and s_q from q first. pdl: launched as the
     quantise launch's programmatic dependent (its caller launched that with the trigger: launch.forward_pdl)."""
     b, h, n, d = q8.shape
     smooth_q = mu_q is not None
@@ -265,19 +262,19 @@ def run(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool, 
     launch("forward", _forward_kernel, tile_grid(n // rows, b * h),
         q8, k8, v8t, s_q, s_k, s_v, o, lse,
         mu_q if smooth_q else s_q, kf, k_mean if (smooth_q and smooth_k) else s_q,
-        q8 if q is None else q, q8 if q8t is None else q8t,   # read only with QUANTIZE_Q (WRITE_QT)
+        q8 if q is None else q,   # read only with QUANTIZE_Q
         *kf.stride(), *o.stride()[:3], *(q.stride() if q is not None else (0, 0, 0, 0)),
         1.0 / math.sqrt(d), h, n, heads_per_section(causal, b * h, (k8, v8t)),
         BLOCK_M=rows, Q_BLOCK=block_q, BLOCK_N=keys, HEAD_DIM=d, CAUSAL=causal,
         SMOOTH_Q=smooth_q, SMOOTH_K=smooth_k, TOKEN=quant == "token", QUANTIZE_Q=q is not None,
-        WRITE_QT=q8t is not None, **_launch_settings(rows, d, keys, causal, quant == "token", tuning),
+        **_launch_settings(rows, d, keys, causal, quant == "token", tuning),
         **({"PDL": True, "launch_pdl": True} if pdl else {}), tuning=tuning)
     return o, lse
 
 
 def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bool,
             mu_q=None, k=None, k_mean=None, block_q: int, block_kv: int, layout_of=None,
-            kernels: str = "default", quant: str = "block", q=None, q8t=None, pdl: bool = False,
+            kernels: str = "default", quant: str = "block", q=None, pdl: bool = False,
             tuning: Tuning | None = None):
     """O (B,H,N,D) in out_dtype, in layout_of's memory order (contiguous without it;
     _common.empty_in_layout_of), and LSE (B,H,N) fp32 from the quantised operands, by the
@@ -286,7 +283,7 @@ def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bo
     mu_q (B,H,N/block_q,D), k (the unquantised K, any strides) and k_mean (B*H,D) are needed
     only with Q-smoothing (mu_q not None), for the bias mu_i . K_sm^T. quant: the contract; with
     "token", s_q and s_k are per token (B,H,N). q (token, no Q-smoothing): Q itself, which the kernel
-    quantises into q8, s_q and q8t (quantize_qkv's, left unwritten with quantize_q=False; q8t None for inference).
+    quantises into q8 and s_q (quantize_qkv's, left unwritten with quantize_q=False).
     pdl: launched as a programmatic dependent of the quantise launch just before it (launch.forward_pdl), which
     must write nothing the kernel reads before its wait (Q itself: q given).
     """
@@ -297,7 +294,7 @@ def forward(q8, k8, v8t, s_q, s_k, s_v, *, out_dtype, causal: bool, smooth_k: bo
     if q is not None or pdl:
         assert kernel.name == "triton", (f"forward kernel {kernel.name!r} neither quantises Q nor waits as a "
                                          "programmatic dependent (the Triton one does)")
-        extra = dict(q=q, q8t=q8t, pdl=pdl)
+        extra = dict(q=q, pdl=pdl)
     return registry.load(kernel)(q8, k8, v8t, s_q, s_k, s_v, out_dtype=out_dtype, causal=causal, smooth_k=smooth_k,
                                  mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv,
                                  layout_of=layout_of, quant=quant, tuning=tuning, **extra)

@@ -64,11 +64,11 @@ def dkdv_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales
               q_rows: int, token: bool) -> tuple:
     """The arguments of a Gluon dK/dV kernel up to its constexprs: TMA descriptors in boxes of kv_rows (one
     tile, or both of a warp-specialised program) and q_rows (a block or a slice), the scales, the outputs. q8t:
-    dK's Q operand, Q^T INT8 (block) or Q~ in bf16 rows (token; quantize.empty_q_cols)."""
+    dK's Q operand, Q^T INT8 (block) or Q itself (token: any strides, bf16, or fp16 converted)."""
     b, h, n, d = q8.shape
     rows = b * h * n
-    # dK's Q operand (quantize.empty_q_cols): Q~ in bf16 rows (token), or Q^T INT8 (block)
-    qt_desc = desc(q8t.reshape(rows, d), [q_rows, d]) if token else desc(q8t.reshape(b * h * d, n), [d, q_rows])
+    # dK's Q operand: Q in bf16 rows as dO's (token; no copy when Q is bf16), or Q^T INT8 (block)
+    qt_desc = seq_desc(q8t.to(torch.bfloat16), q_rows) if token else desc(q8t.reshape(b * h * d, n), [d, q_rows])
     return (desc(k8.reshape(rows, d), [kv_rows, d]), seq_desc(v, kv_rows), desc(q8.reshape(rows, d), [q_rows, d]),
             seq_desc(do, q_rows), qt_desc,
             desc(do8t.reshape(b * h * d, n), [d, q_rows]), desc(lse2.reshape(rows), [q_rows]),
@@ -82,8 +82,8 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
     """[(name, kernel, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at
     d=128; as dkdv_ws_hopper's kernel if `ws` (seq a multiple of 128), else dkdv_hopper's. v and do may
     have any strides and alignment. token: the token contract (s_q, s_k per token; s_q comes by TMA
-    with each q block, as LSE does; do is dO s_Q, BackwardCall.do_s, delta is delta s_Q, BackwardCall.delta_sq,
-    and lse2 is lse2 - log2(256), BackwardCall.lse2_p; tile_scales unused). dq_reduce (ws, d=64; a measurement,
+    with each q block, as LSE does; q8t is Q itself, dK's bf16 operand, and lse2 is lse2 - log2(256),
+    BackwardCall.lse2_p; tile_scales unused). dq_reduce (ws, d=64; a measurement,
     tools.dq_reduce_probe): (an fp32 (B*H*N, D) buffer, zeroed int32 counters (B*H, N/128, 2) or None) into which
     every q block's dK accumulator is added by TMA as a fused backward's dQ partials would be, in a fixed order if
     the counters are given (dK and dV unchanged); or (an int32 buffer, None, scale): added as int32
@@ -140,24 +140,23 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
 
 
 def dq_launch_args(q8, k8, k_operand, s_q, s_k, v, do, lse2, delta, dq, tile_scales, *, causal: bool, ws: bool,
-                   token: bool = False, split: bool = False, s_do=None):
+                   token: bool = False, split: bool = False):
     """(grid, args, kwargs) of the one dQ launch; v and do may have any strides and alignment. token: the
-    token contract (s_q, s_k per token, s_k also by TMA with each tile pair; do is dO s_Q c, delta delta s_Q c, s_do
-    dO^'s scales, which give c, and k_operand K itself (bf16, or fp16 converted), in any layout, dQ's 16-bit operand;
-    tile_scales unused, a placeholder). split (token, ws): each half of the q block on a consumer warpgroup of its
-    own. k_operand: dQ's B operand, K^T INT8 (block) or K (token)."""
+    token contract (s_q, s_k per token, s_k also by TMA with each tile pair; k_operand K itself (bf16, or fp16
+    converted), in any layout, dQ's 16-bit operand; tile_scales unused, a placeholder). split (token, ws): each half
+    of the q block on a consumer warpgroup of its own. k_operand: dQ's B operand, K^T INT8 (block) or K (token)."""
     if split and not (token and ws):
         raise ValueError("the two-consumer dQ (split) needs the token contract (its scales stay within a warpgroup) "
                          "and the warp-specialised kernel (ws)")
     b, h, n, d = q8.shape
     rows = b * h * n
     q_rows, kv_rows = dq_hopper.Q_ROWS, dq_hopper.KV_ROWS
-    if token:   # dQ = Y K16: K in bf16 (simulate.token_dq), rows as V's
+    if token:   # dQ = bf16(dS) K16: K in bf16 (simulate.token_dq), rows as V's
         kt_desc = seq_desc(k_operand.to(torch.bfloat16), 2 * kv_rows)   # no copy when K is bf16
     else:
         kt_desc = desc(k_operand.reshape(b * h * d, n), [d, 2 * kv_rows])
     args = (desc(q8.reshape(rows, d), [q_rows, d]), seq_desc(do, q_rows), desc(k8.reshape(rows, d), [2 * kv_rows, d]),
-            kt_desc, seq_desc(v, 2 * kv_rows), s_q, s_k, lse2, delta, s_q if s_do is None else s_do, dq,
+            kt_desc, seq_desc(v, 2 * kv_rows), s_q, s_k, lse2, delta, dq,
             *dq.stride()[:3], tile_scales, 1.0 / d ** 0.5, n, h,
             heads_per_section(causal, b * h, (k8, k_operand, v)),
             desc((s_k if token else lse2).reshape(rows), [2 * kv_rows]))   # block: unused
@@ -170,20 +169,16 @@ def dq_launch_args(q8, k8, k_operand, s_q, s_k, v, do, lse2, delta, dq, tile_sca
 def run_dq(c, tuning: Tuning | None = None, *, ws: bool, split: bool = False) -> None:
     """The Gluon dQ (registry: dq "gluon", "gluon-ws", "gluon-ws2"), on a backward.BackwardCall, in its
     contract; its own launch settings (a tool's overrides are the Triton kernels')."""
-    if c.token:   # Y from dO s_Q c and delta s_Q c, as the dK/dV kernels form it; K itself for Y K16
-        do, delta, k_operand = c.do_s, c.delta_sq, c.k
-    else:
-        do, delta, k_operand = c.do, c.delta, c.k8t
-    grid, args, kwargs = dq_launch_args(c.q8, c.k8, k_operand, c.s_q, c.s_k, c.v, do, c.lse2, delta, c.dq,
-                                        c.tile_scales, causal=c.causal, ws=ws, token=c.token, split=split,
-                                        s_do=c.s_do)
+    grid, args, kwargs = dq_launch_args(c.q8, c.k8, c.k if c.token else c.k8t, c.s_q, c.s_k, c.v, c.do, c.lse2,
+                                        c.delta, c.dq, c.tile_scales, causal=c.causal, ws=ws, token=c.token,
+                                        split=split)
     launch("dq", dq_hopper._dq_kernel, grid, *args, tuning=tuning, **kwargs)
 
 
 def run_dkdv(c, tuning: Tuning | None = None, *, ws: bool) -> None:
     """The Gluon dK/dV (registry: dkdv "gluon", "gluon-ws"), on a backward.BackwardCall, in its contract."""
     for name, kernel, grid, args, kwargs in dkdv_launches(
-            c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do_s if c.token else c.do, c.do8t, c.s_do,
-            c.lse2_p if c.token else c.lse2, c.delta_sq if c.token else c.delta,
-            c.tile_scales, c.dk, c.dv, causal=c.causal, block_q=c.block_q, ws=ws, token=c.token):
+            c.q8, c.q if c.token else c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do,
+            c.lse2_p if c.token else c.lse2, c.delta, c.tile_scales, c.dk, c.dv, causal=c.causal, block_q=c.block_q,
+            ws=ws, token=c.token):
         launch(name, kernel, grid, *args, tuning=tuning, **kwargs)

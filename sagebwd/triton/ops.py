@@ -7,8 +7,9 @@ implementations through a plain torch.autograd.Function: the custom ops' dispatc
 wrapping cost ~0.3-0.5 ms of host time per forward+backward, a third of the op's (H200 host).
 
 Saved for the backward (as FlashAttention saves Q, K, V, O, LSE; nothing of size N x N):
-Q^ and K^ in both layouts (int8, 4 N D bytes in all), their scales, V, O and the LSE; with
-Q-smoothing also the block means of Q, K and K's sequence mean (for the bias terms).
+Q^ and K^ (int8; in the block contract in both layouts), their scales, V, O and the LSE; in the token
+contract also Q and K themselves (dK's and dQ's 16-bit operands); with Q-smoothing the block means of Q,
+K and K's sequence mean (for the bias terms).
 """
 from __future__ import annotations
 
@@ -64,12 +65,12 @@ def _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
                                                                          **options)
     o, lse = _fwd.forward(q8, k8, v8t, s_q, s_k, s_v, out_dtype=q.dtype, causal=causal, smooth_k=smooth_k,
                           mu_q=mu_q, k=k, k_mean=k_mean, block_q=block_q, block_kv=block_kv, layout_of=q,
-                          kernels=kernels, quant=_quant_name(token), q=q if q_in_forward else None,
-                          q8t=q8t if q_in_forward else None, pdl=pdl, tuning=tuning)
+                          kernels=kernels, quant=_quant_name(token), q=q if q_in_forward else None, pdl=pdl,
+                          tuning=tuning)
     def unused(dtype=torch.float32):   # a fresh empty tensor each: op outputs must not alias
         return torch.empty(0, device=q.device, dtype=dtype)
-    return (o, lse, q8, q8t if for_backward else unused(torch.int8), s_q, k8,
-            k8t if (for_backward and k8t is not None) else unused(torch.int8), s_k,   # token: no K^T
+    return (o, lse, q8, q8t if (for_backward and q8t is not None) else unused(torch.int8), s_q, k8,
+            k8t if (for_backward and k8t is not None) else unused(torch.int8), s_k,   # token: no Q^T, K^T
             mu_q if smooth_q else unused(), k_mean if smooth_k else unused())
 
 
@@ -86,24 +87,23 @@ def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 def _forward_fake(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, for_backward, kernels="default"):
     b, h, n, d = q.shape
     i8, f32 = torch.int8, torch.float32
-    def transposed(written: bool):   # an INT8 copy in k order, or the empty placeholder
-        return q.new_empty((b, h, d, n) if written else (0,), dtype=i8)
+    def transposed():   # an INT8 copy in k order, or the empty placeholder
+        return q.new_empty((b, h, d, n) if _quant.writes_cols(for_backward, token) else (0,), dtype=i8)
     return (empty_in_layout_of(q, q.dtype), q.new_empty((b, h, n), dtype=f32),
-            q.new_empty((b, h, n, d), dtype=i8),
-            _quant.empty_q_cols(q, token) if for_backward else q.new_empty((0,), dtype=i8),
+            q.new_empty((b, h, n, d), dtype=i8), transposed(),
             q.new_empty((b, h, n if token else n // block_q), dtype=f32),
-            q.new_empty((b, h, n, d), dtype=i8), transposed(_quant.writes_k_cols(for_backward, token)),
+            q.new_empty((b, h, n, d), dtype=i8), transposed(),
             q.new_empty((b, h, n if token else n // block_kv), dtype=f32),
             q.new_empty((b, h, n // block_q, d), dtype=f32) if smooth_q else q.new_empty((0,), dtype=f32),
             q.new_empty((b * h, d), dtype=f32) if smooth_k else q.new_empty((0,), dtype=f32))
 
 
-def _backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, smooth_k, smooth_q,
+def _backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean, causal, smooth_k, smooth_q,
                    block_q, block_kv, token, kernels="default", tuning: Tuning | None = None):
-    assert q8t.numel() == q8.numel(), "the forward ran without for_backward=True"
-    pre = _quant.backward_preprocess(do, o, lse, block_q, s_q if token else None, tuning=tuning)
+    assert (q.numel() if token else q8t.numel()) == q8.numel(), "the forward ran without for_backward=True"
+    pre = _quant.backward_preprocess(do, o, lse, block_q, token, tuning=tuning)
     return _bwd.backward(do, pre.delta, pre.do8t, pre.s_do, q8, q8t, s_q, k8, k8t, s_k, v, pre.lse2,
-                         delta_sq=pre.delta_sq, lse2_p=pre.lse2_p, do_s=pre.do_s, causal=causal, smooth_k=smooth_k,
+                         lse2_p=pre.lse2_p, q=q if token else None, causal=causal, smooth_k=smooth_k,
                          mu_q=mu_q if smooth_q else None, k=k, k_mean=k_mean if smooth_k else None, block_q=block_q,
                          block_kv=block_kv, layout_of=o,
                          kernels=kernels, quant=_quant_name(token), tuning=tuning)
@@ -112,33 +112,34 @@ def _backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, c
 @torch.library.custom_op(f"{_LIB}::backward", mutates_args=())
 def _backward_op(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, q8: torch.Tensor, q8t: torch.Tensor,
                  s_q: torch.Tensor, k8: torch.Tensor, k8t: torch.Tensor, s_k: torch.Tensor, v: torch.Tensor,
-                 k: torch.Tensor, mu_q: torch.Tensor, k_mean: torch.Tensor, causal: bool, smooth_k: bool,
-                 smooth_q: bool, block_q: int, block_kv: int, token: bool, kernels: str = "default"
+                 q: torch.Tensor, k: torch.Tensor, mu_q: torch.Tensor, k_mean: torch.Tensor, causal: bool,
+                 smooth_k: bool, smooth_q: bool, block_q: int, block_kv: int, token: bool, kernels: str = "default"
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, smooth_k, smooth_q,
-                          block_q, block_kv, token, kernels)
+    return _backward_impl(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean, causal, smooth_k,
+                          smooth_q, block_q, block_kv, token, kernels)
 
 
 @_backward_op.register_fake
-def _backward_fake(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, causal, smooth_k,
+def _backward_fake(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean, causal, smooth_k,
                    smooth_q, block_q, block_kv, token, kernels="default"):
     return tuple(empty_in_layout_of(o, v.dtype) for _ in range(3))   # in O's (= q's) memory order
 
 
-def _save(ctx, k, v, flags, kernels, output):
+def _save(ctx, q, k, v, flags, kernels, output):
     """What the backward keeps (the same for both autograd paths below)."""
     o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = output
-    # K itself is needed for the Q-smoothing bias and the token contract's dQ (a bf16 product with K); otherwise
-    # keep nothing of it.
-    ctx.save_for_backward(o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k if (flags[2] or flags[5]) else _empty(k.device),
-                          mu_q, k_mean)
+    # K itself is needed for the Q-smoothing bias and the token contract's dQ (a bf16 product with K), Q itself for
+    # the token contract's dK; otherwise keep nothing of them.
+    token = flags[5]
+    ctx.save_for_backward(o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q if token else _empty(q.device),
+                          k if (flags[2] or token) else _empty(k.device), mu_q, k_mean)
     ctx.flags = flags
     ctx.kernels = kernels
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, _, kernels = inputs
-    _save(ctx, k, v, (causal, smooth_k, smooth_q, block_q, block_kv, token), kernels, output)
+    _save(ctx, q, k, v, (causal, smooth_k, smooth_q, block_q, block_kv, token), kernels, output)
     lse, s_q, s_k, mu_q, k_mean = (output[i] for i in (1, 4, 7, 8, 9))
     ctx.mark_non_differentiable(lse, s_q, s_k, mu_q, k_mean)
     # Only O has a gradient. Materialised, the other nine outputs' would be zero tensors, four of
@@ -149,8 +150,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, do, *unused):
     if do is None:   # O took no part in what is differentiated
         return (None,) * 11
-    o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean = ctx.saved_tensors
-    dq, dk, dv = _backward_op(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, k, mu_q, k_mean, *ctx.flags, ctx.kernels)
+    o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean = ctx.saved_tensors
+    dq, dk, dv = _backward_op(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean, *ctx.flags,
+                              ctx.kernels)
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
@@ -164,7 +166,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, kernels, tuning):
         output = _forward_impl(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token, True, kernels, tuning)
-        _save(ctx, k, v, (causal, smooth_k, smooth_q, block_q, block_kv, token), kernels, output)
+        _save(ctx, q, k, v, (causal, smooth_k, smooth_q, block_q, block_kv, token), kernels, output)
         ctx.tuning = tuning
         return output[0]
 

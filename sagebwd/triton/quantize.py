@@ -20,8 +20,8 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from ._common import (E4M3_MAX, INTERPRETING, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, dos_power, interpreting,
-                      mul_rn, quantize_tile, quantize_token_rows, round_to_int8, to_16bit, to_e4m3, to_k_order)
+from ._common import (E4M3_MAX, INTERPRETING, LOG2E, MIN_AMAX, P_E4M3_LOG2, block_scales, interpreting,
+                      mul_rn, quantize_tile, quantize_token_rows, round_to_int8, to_e4m3, to_k_order)
 from ..validate import key_tile
 from .launch import Tuning, launch, launch_settings
 
@@ -51,7 +51,7 @@ def _quantize_tile(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, s
         tl.store(BLOCK_MEAN + (bh * (N // BLOCK) + tile) * HEAD_DIM + offs_d, mu)
         x -= mu[None, :]
     if TOKEN:
-        x8, scale, x_tilde = quantize_token_rows(x)
+        x8, scale = quantize_token_rows(x)
         tl.store(SCALE + bh * N + offs_n, scale)
     else:
         x3 = tl.reshape(x, [S, BLOCK, HEAD_DIM])
@@ -62,11 +62,9 @@ def _quantize_tile(X, MEAN, ROWS, COLS, SCALE, BLOCK_MEAN, stride_b, stride_h, s
     out = bh.to(tl.int64) * N * HEAD_DIM
     if WRITE_ROWS:
         tl.store(ROWS + out + offs_n[:, None] * HEAD_DIM + offs_d[None, :], x8)
-    if WRITE_COLS:
-        if TOKEN:   # Q~ (Q / s_Q, unrounded) in bf16 rows: the token contract's dK operand (simulate.with_dk_q)
-            tl.store(COLS + out + offs_n[:, None] * HEAD_DIM + offs_d[None, :], x_tilde)
-        else:
-            tl.store(COLS + out + offs_d[:, None] * N + offs_n[None, :], to_k_order(tl.trans(x8)))
+    if WRITE_COLS:   # the block contract's dK operand (the token contract's is Q itself in bf16)
+        tl.static_assert(not TOKEN, "the token contract writes no INT8 copy in k order")
+        tl.store(COLS + out + offs_d[:, None] * N + offs_n[None, :], to_k_order(tl.trans(x8)))
 
 
 @triton.jit
@@ -151,7 +149,8 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
                          TOKEN: tl.constexpr, SKIP_Q: tl.constexpr = False, PDL: tl.constexpr = False):
     """The forward's three quantisations in one launch (program_id(2): Q, K, V), every program a
     tile of TILE rows: Q^ in rows (and cols for the backward), K^ likewise after K-smoothing, V^
-    in cols only, per BLOCK_V rows (the forward's kv tile). TOKEN: Q and K with one scale per token.
+    in cols only, per BLOCK_V rows (the forward's kv tile). TOKEN: Q and K with one scale per token, and no
+    cols (writes_cols).
     SKIP_Q: K and V only (program_id(2): K, V), where the token forward quantises Q itself. PDL: the forward,
     launched as a programmatic dependent, may start once every program has started."""
     if PDL and not INTERPRETING:
@@ -165,7 +164,7 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
         k_program = which == 1
     if not SKIP_Q and which == 0:
         _q_tile(Q, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N, tile, bh,
-                TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS, TOKEN)
+                TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS and not TOKEN, TOKEN)
     elif k_program:
         _k_tile(K, K_MEAN, K_ROWS, K_COLS, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N, tile, bh,
                 TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, COLS and not TOKEN, TOKEN)
@@ -213,7 +212,7 @@ def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS,
             j = slot - CHUNKS
             if not SKIP_Q and j < tiles:
                 _q_tile(Q, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N, j, r,
-                        TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS, TOKEN)
+                        TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS and not TOKEN, TOKEN)
             else:
                 _v_tile(V, V_COLS, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N, j % tiles, r, TILE,
                         BLOCK_V, HEAD_DIM)
@@ -228,28 +227,15 @@ def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS,
 
 
 @triton.jit
-def _store_scaled_do(delta_sq_ptrs, do_s_ptrs, delta, do, sq, c):
-    """The token contract's delta s_Q c and dO s_Q c (in dO's dtype) of one q block, c its power of two."""
-    tl.store(delta_sq_ptrs, (delta * sq) * c)
-    tl.store(do_s_ptrs, to_16bit((do * sq[:, None]) * c, do_s_ptrs.dtype.element_ty))
-
-
-@triton.jit
-def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, DO_COLS, DO_SCALE, DO_S,
+def _backward_preprocess_kernel(DO, O, LSE, DELTA, LSE2, LSE2_P, DO_COLS, DO_SCALE,
                                 stride_dob, stride_doh, stride_don, stride_dod,
-                                stride_ob, stride_oh, stride_on, stride_od,
-                                stride_sb, stride_sh, stride_sn, stride_sd, H, N,
+                                stride_ob, stride_oh, stride_on, stride_od, H, N,
                                 BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, TOKEN: tl.constexpr):
     """delta = rowsum(dO * O) (fp32), the LSE in base 2 (the backward's exp2 takes it as is,
     instead of one multiply per score-tile column) and the per-block INT8 dO, sequence-contiguous
-    in k order. TOKEN: dO^ in FP8 e4m3 instead (the token contract's dV operand), and delta s_Q
-    (s_Q per token), which the Gluon dK/dV subtracts per column of every tile (Y^T = P^T (dP^T s_Q -
-    delta s_Q)): one multiply per q row here instead of one per column of every tile there (-0.5
-    instructions per score element of its loop); LSE2 - log2(256) (LSE2_P), which the token dK/dV
-    reads instead of LSE2: its exp2 then yields 256 P, dV's e4m3 operand, with no multiply; and dO s_Q in dO's
-    dtype (DO_S, strides stride_s*), the token dK/dV's dP^T operand in dO's place: its product is then dP^T s_Q,
-    and Y^T = P^T (dP^T s_Q - delta s_Q) reads no s_Q per column. Both times c, the block's power of two from
-    s_dO (sagebwd.quant.dos_power): Y^T comes out c times too, with the same integers, and dK's scale takes 1 / c."""
+    in k order. TOKEN: dO^ in FP8 e4m3 instead (the token contract's dV operand), and LSE2 - log2(256)
+    (LSE2_P), which the token dK/dV reads instead of LSE2: its exp2 then yields 256 P, dV's e4m3 operand,
+    with no multiply."""
     blk = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -265,23 +251,12 @@ def _backward_preprocess_kernel(DO, O, LSE, SQ, DELTA, DELTA_SQ, LSE2, LSE2_P, D
     lse2 = tl.load(LSE + bh * N + offs_n) * LOG2E
     tl.store(LSE2 + bh * N + offs_n, lse2)
     if TOKEN:
-        sq = tl.load(SQ + bh * N + offs_n)
-        delta_sq_ptrs = DELTA_SQ + bh * N + offs_n
-        do_s_ptrs = DO_S + b * stride_sb + h * stride_sh + offs_n[:, None] * stride_sn + offs_d[None, :] * stride_sd
-        # dO s_Q and delta s_Q times the block's power of two c (sagebwd.quant.dos_power), which keeps dO s_Q in
-        # fp16's normal range; the dK/dV kernels take it back in dK's scale. In bf16 c = 1: stored at once, as they
-        # need no maximum (taking c there cost the d=128 preprocess a third of its time on an H200).
-        FP16 = DO_S.dtype.element_ty == tl.float16
-        if not FP16:
-            _store_scaled_do(delta_sq_ptrs, do_s_ptrs, delta, do, sq, 1.0)
         tl.store(LSE2_P + bh * N + offs_n, lse2 - P_E4M3_LOG2)
         # FP8 e4m3 for dV = P^T dO: scale amax / 448 (sagebwd.quant.quantize_row_blocks_e4m3)
         amax = tl.max(tl.max(tl.abs(do), axis=1), axis=0)
         scale = tl.math.div_rn(amax, E4M3_MAX)
         inv = tl.where(amax >= MIN_AMAX, tl.math.div_rn(E4M3_MAX, tl.maximum(amax, MIN_AMAX)), 0.0)
         do8 = to_e4m3(tl.minimum(tl.maximum(mul_rn(do, inv), -E4M3_MAX), E4M3_MAX))
-        if FP16:
-            _store_scaled_do(delta_sq_ptrs, do_s_ptrs, delta, do, sq, dos_power(scale, True)[0])
     else:
         do8, scale = quantize_tile(do)
     tl.store(DO_SCALE + bh * (N // BLOCK) + blk, scale)
@@ -294,8 +269,8 @@ def _warps(block: int, head_dim: int) -> int:
 
 
 def _preprocess_warps(block: int, head_dim: int, token: bool) -> int:
-    """The token preprocess's 128 x 128 tile (it also writes dO s_Q) with 16 warps: 91 us at (8,8,4096,128) on an
-    H100 against 114 with 8 and 101 with 4 (docs/kernel-notes.md, "Fifteenth session"); at d=64 4 warps, the
+    """The token preprocess's 128 x 128 tile with 16 warps: 91 us at (8,8,4096,128) on an H100 against 114 with 8
+    and 101 with 4 (docs/kernel-notes.md, "Fifteenth session", when it also wrote dO s_Q); at d=64 4 warps, the
     fastest of 2-16 there."""
     return 16 if token and block * head_dim >= 128 * 128 and not interpreting() else _warps(block, head_dim)
 
@@ -346,14 +321,15 @@ def quantize_blocks(x: torch.Tensor, block: int, *, mean: torch.Tensor | None = 
     mean: (B*H, D) fp32 subtracted from every row first (K-smoothing).
     smooth_block: subtract each block's own row mean (Q-smoothing); returned as (B, H, N/block, D).
     token: one scale per row instead of per block (the "token" contract's Q and K).
-    Returns (rows int8 (B,H,N,D) or None, cols (empty_q_cols: int8 (B,H,D,N) in k order, with token x / scale
-    in bf16 rows) or None, scale (B,H,N/block) or (B,H,N) with token, block_mean or None).
+    Returns (rows int8 (B,H,N,D) or None, cols (empty_cols: int8 (B,H,D,N) in k order; not with token) or None,
+    scale (B,H,N/block) or (B,H,N) with token, block_mean or None).
     """
     b, h, n, d = x.shape
     assert n % block == 0, f"sequence length {n} is not a multiple of the block {block}"
+    assert not (cols and token), "the token contract has no INT8 copy in k order (writes_cols)"
     dev = x.device
     out_rows = torch.empty(b, h, n, d, device=dev, dtype=torch.int8) if rows else None
-    out_cols = empty_q_cols(x, token) if cols else None
+    out_cols = empty_cols(x) if cols else None
     scale = torch.empty(b, h, n if token else n // block, device=dev, dtype=torch.float32)
     block_mean = torch.empty(b, h, n // block, d, device=dev, dtype=torch.float32) if smooth_block else None
     dummy = scale  # never dereferenced: the matching constexpr flag is off
@@ -378,14 +354,13 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
                  quantize_q: bool = True, pdl: bool = False, tuning: Tuning | None = None):
     """quantize_blocks of q (block_q; Q-smoothing if smooth_q), k (block_kv; minus k_mean if given)
     and v (the forward's kv tile, validate.key_tile; cols only) in one launch: (q8, q8t, s_q,
-    mu_q, k8, k8t, s_k, v8t, s_v), the cols of q and k only if `cols` (the backward's operands), else
-    None; `token`: Q and K with one scale per token, s_q and s_k (B,H,N), and no K^T (k8t None: the token
-    backward's dQ is a bf16 product with K itself). Bit-identical to three
-    quantize_blocks calls, in one launch instead of three (~50 us of host time each on an H200's
+    mu_q, k8, k8t, s_k, v8t, s_v), the cols of q and k only if writes_cols(cols, token) (the block backward's
+    operands), else None; `token`: Q and K with one scale per token, s_q and s_k (B,H,N), and no cols.
+    Bit-identical to three quantize_blocks calls, in one launch instead of three (~50 us of host time each on an H200's
     host). Every program takes a tile of max(block_q, block_kv, V's block) rows: with the smaller blocks'
     programs as launched alone (64 rows, 4 warps at d=128), one launch took the register count
     and warps of the largest and ran 22-57% slower than the three launches together.
-    quantize_q False (token, no Q-smoothing): K and V only; q8, q8t and s_q are returned unwritten, for the
+    quantize_q False (token, no Q-smoothing): K and V only; q8 and s_q are returned unwritten, for the
     token forward to fill (forward.run with q). pdl: the forward is launched next as this launch's programmatic
     dependent (launch.forward_pdl): every program triggers it as it starts."""
     assert quantize_q or (token and not smooth_q), "only the token contract without Q-smoothing skips Q"
@@ -395,8 +370,9 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     block_v, tile = _qkv_tile(block_q, block_kv, token)
     assert n % block_v == 0, f"sequence length {n} is not a multiple of the forward's kv tile {block_v}"
     if smooth_q and block_q < tile:   # Q-smoothing's block mean needs its block whole
-        q8, q8t, s_q, mu_q = quantize_blocks(q, block_q, smooth_block=True, cols=cols, token=token, tuning=tuning)
-        k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=writes_k_cols(cols, token), token=token,
+        q8, q8t, s_q, mu_q = quantize_blocks(q, block_q, smooth_block=True, cols=writes_cols(cols, token),
+                                             token=token, tuning=tuning)
+        k8, k8t, s_k, _ = quantize_blocks(k, block_kv, mean=k_mean, cols=writes_cols(cols, token), token=token,
                                           tuning=tuning)
         _, v8t, s_v, _ = quantize_blocks(v, block_v, rows=False, cols=True, tuning=tuning)
         return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
@@ -404,7 +380,7 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v = outputs
     dummy = s_v   # never dereferenced: the matching constexpr flag is off
     launch("quantize", _quantize_qkv_kernel, (n // tile, b * h, 3 if quantize_q else 2),
-        q, k, v, k_mean if k_mean is not None else dummy, q8, q8t if cols else dummy, s_q,
+        q, k, v, k_mean if k_mean is not None else dummy, q8, q8t if q8t is not None else dummy, s_q,
         mu_q if smooth_q else dummy, k8, k8t if k8t is not None else dummy, s_k, v8t, s_v,
         *q.stride(), *k.stride(), *v.stride(), h, n,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None,
@@ -413,20 +389,18 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
     return outputs
 
 
-def writes_k_cols(cols: bool, token: bool) -> bool:
-    """Whether the quantise launch writes K^T: for the backward (cols), in the block contract only; the token
-    backward's dQ reads K itself (Y K16, simulate.token_dq) and nothing else reads K^T. The kernels take the same
-    rule as COLS and not TOKEN for K's tiles."""
+def writes_cols(cols: bool, token: bool) -> bool:
+    """Whether the quantise launch writes Q^T and K^T (INT8 in k order): for the backward (cols), in the block
+    contract only; the token backward's dQ and dK are bf16 products with K and Q themselves (simulate.token_dq,
+    token_dk), and nothing else reads them. The kernels take the same rule as COLS and not TOKEN."""
     return cols and not token
 
 
-def empty_q_cols(like: torch.Tensor, token: bool) -> torch.Tensor:
-    """Q as the backward's dK product takes it, for a (B, H, N, D) Q like `like`, unwritten: Q^T INT8 in k order
-    (B, H, D, N), or in the token contract Q~ = Q / s_Q (Q^ before its rounding) in bf16 rows (B, H, N, D), a 16-bit
-    product's operand (simulate.token_dk). The quantise launch writes it, or the token forward with Q."""
+def empty_cols(like: torch.Tensor) -> torch.Tensor:
+    """An INT8 copy in k order (B, H, D, N) of a (B, H, N, D) tensor like `like`, unwritten: the block backward's
+    Q^T and K^T, which the quantise launch writes."""
     b, h, n, d = like.shape
-    return like.new_empty((b, h, n, d), dtype=torch.bfloat16) if token else like.new_empty((b, h, d, n),
-                                                                                          dtype=torch.int8)
+    return like.new_empty((b, h, d, n), dtype=torch.int8)
 
 
 def _qkv_tile(block_q: int, block_kv: int, token: bool) -> tuple[int, int]:
@@ -449,10 +423,10 @@ def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, 
     def f32(*shape):
         return torch.empty(*shape, device=dev, dtype=torch.float32)
     k8, v8t = i8(b, h, n, d), i8(b, h, d, n)
-    k8t = i8(b, h, d, n) if writes_k_cols(cols, token) else None
+    k8t = i8(b, h, d, n) if writes_cols(cols, token) else None
     s_k = f32(b, h, n) if token else f32(b, h, n // block_kv)
     s_v = f32(b, h, n // block_v)
-    q8, q8t = i8(b, h, n, d), empty_q_cols(q, token) if cols else None
+    q8, q8t = i8(b, h, n, d), i8(b, h, d, n) if writes_cols(cols, token) else None
     s_q = f32(b, h, n) if token else f32(b, h, n // block_q)
     mu_q = f32(b, h, n // block_q, d) if smooth_q else None
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
@@ -515,7 +489,7 @@ def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: b
     per_round = chunks + (n // tile) * (3 if quantize_q else 2)   # chunks, Q and V tiles, K tiles
     dummy = s_v   # never dereferenced: the matching constexpr flag is off
     launch("quantize", _quantize_qkv_mean_kernel, ((b * h + lag) * per_round,),
-        q, k, v, k_mean, q8, q8t if cols else dummy, s_q, mu_q if smooth_q else dummy, k8,
+        q, k, v, k_mean, q8, q8t if q8t is not None else dummy, s_q, mu_q if smooth_q else dummy, k8,
         k8t if k8t is not None else dummy, s_k, v8t, s_v, partial, counters, *q.stride(), *k.stride(), *v.stride(),
         h, n, b * h, chunks, lag,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_Q=smooth_q, COLS=cols,
@@ -536,29 +510,23 @@ class Preprocessed(NamedTuple):
     lse2: torch.Tensor                 # LSE * log2(e), (B,H,N) fp32
     do8t: torch.Tensor                 # dO^ (B,H,D,N) in k order: INT8 (block), FP8 e4m3 (token)
     s_do: torch.Tensor                 # dO^'s scales, (B,H,N/block_q) fp32
-    delta_sq: torch.Tensor | None      # token: delta s_Q c (quant.dos_power's c of the row's q block), (B,H,N) fp32
     lse2_p: torch.Tensor | None        # token: LSE * log2(e) - log2(256), (B,H,N) fp32
-    do_s: torch.Tensor | None          # token: dO s_Q c in dO's dtype, (B,H,N,D)
 
 
 def backward_preprocess(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, block_q: int,
-                        s_q: torch.Tensor | None = None, tuning: Tuning | None = None) -> Preprocessed:
-    """The backward's per-row pass over dO and O (Preprocessed). s_q: the token contract's Q scales per token
-    (B,H,N), with which dO^ is FP8 e4m3 (dV's operand in that contract) and delta_sq, lse2_p and do_s are
-    written (the token dK/dV's operands); without them (the block contract) dO^ is INT8 and the three are None."""
+                        token: bool = False, tuning: Tuning | None = None) -> Preprocessed:
+    """The backward's per-row pass over dO and O (Preprocessed). token: the token contract, whose dO^ is FP8 e4m3
+    (dV's operand in that contract) and whose dK/dV kernels read lse2_p; in the block contract dO^ is INT8 and
+    lse2_p None."""
     b, h, n, d = do.shape
     delta = torch.empty(b, h, n, device=do.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
-    token = s_q is not None
-    delta_sq = torch.empty_like(delta) if token else None
     lse2_p = torch.empty_like(delta) if token else None
-    do_s = torch.empty_like(do) if token else None
     do_cols = torch.empty(b, h, d, n, device=do.device, dtype=torch.float8_e4m3fn if token else torch.int8)
     do_scale = torch.empty(b, h, n // block_q, device=do.device, dtype=torch.float32)
     launch("backward_preprocess", _backward_preprocess_kernel, (n // block_q, b * h),
-        do, o, lse, s_q if token else delta, delta, delta_sq if token else delta, lse2,
-        lse2_p if token else delta, do_cols, do_scale, do_s if token else do,
-        *do.stride(), *o.stride(), *(do_s if token else do).stride(), h, n, BLOCK=block_q, HEAD_DIM=d, TOKEN=token,
+        do, o, lse, delta, lse2, lse2_p if token else delta, do_cols, do_scale,
+        *do.stride(), *o.stride(), h, n, BLOCK=block_q, HEAD_DIM=d, TOKEN=token,
         **launch_settings("backward_preprocess", {"num_warps": _preprocess_warps(block_q, d, token)}, tuning),
         tuning=tuning)
-    return Preprocessed(delta, lse2, do_cols, do_scale, delta_sq, lse2_p, do_s)
+    return Preprocessed(delta, lse2, do_cols, do_scale, lse2_p)

@@ -91,7 +91,7 @@ KERNELS = {(k.pass_, k.name): k for k in (
     Kernel("dkdv", "gluon", "hopper:run_dkdv", "dkdv_hopper._dkdv_kernel", _GLUON, "triton", (("ws", False),)),
     Kernel("dkdv", "gluon-ws", "hopper:run_dkdv", "dkdv_ws_hopper._dkdv_ws_kernel",
            Limits(block_q=(128,), block_kv=(64,), smooth_q=False, seq_multiple=128), "gluon", (("ws", True),)),
-    # d=128 token: one launch, one kv tile shared by a warpgroup for P^T and dV and one for Y^T and dK
+    # d=128 token: one launch, one kv tile shared by a warpgroup for P^T and dV and one for dS^T and dK
     Kernel("dkdv", "gluon-roles", "experimental.dkdv_roles_hopper:run",
            "experimental.dkdv_roles_hopper._dkdv_roles_kernel",
            Limits(block_q=(128,), block_kv=(64,), smooth_q=False, seq_multiple=128), "default", experimental=True),

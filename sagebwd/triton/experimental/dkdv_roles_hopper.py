@@ -4,15 +4,15 @@
 Today's d=128 dK/dV runs as two launches (dv, then dk; dkdv_ws_hopper), each computing S^T and P^T of every
 (kv tile, q block): one warpgroup cannot hold dV's and dK's 64 x 128 fp32 accumulators beside the per-block
 temporaries the token contract needs (dV's FP8 product scaled by s_dO / 256 per q block, dK's bf16 operand
-Y^T). Here one program holds one 64-row kv tile and two consumer warpgroups share it:
+dS^T). Here one program holds one 64-row kv tile and two consumer warpgroups share it:
 
 - warpgroup 0 (the default partition): S^T = K^ Q^T of both q slices, 256 P^T = exp2(...) (masked on the
   causal diagonal block), P^T into shared memory (fp32, one buffer of both slices: p_full / p_empty
   mbarriers), then dV = P^T dO in FP8 e4m3, both slices chained, scaled per q block;
-- warpgroup 1: dP^T = V dO^T of both slices (bf16), P^T from shared memory, Y^T = P^T (dP^T s_Q - delta s_Q),
-  dK += bf16(Y^T) Q~ (Q~ = Q / s_Q in bf16 rows, simulate.token_dk);
+- warpgroup 1: dP^T = V dO^T of both slices (bf16), P^T from shared memory, dS^T = P^T (dP^T - delta),
+  dK += bf16(dS^T) Q16 (Q itself in bf16 rows, simulate.token_dk);
 - a producer warp fills the ring of q blocks (dkdv_ws_hopper._producer, PASS BOTH: Q^, LSE, s_Q, dO^T, dO,
-  Q~, delta s_Q per block), which both warpgroups release.
+  Q, delta per block), which both warpgroups release.
 
 The arithmetic is dkdv_hopper._q_block_token's, element by element (P^T is the same fp32 number in both
 warpgroups), so dK and dV should be bit-identical to the Triton token kernel's. Worked out in
@@ -27,16 +27,15 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .. import hopper
-from .._common import dos_power
-from ..dkdv_hopper import (BOTH, G_P_E4M3_SCALE, _allocate, _allocate_token, _cta_barrier, _release,
-                           _rows, _rows_dot, _rows_dot16, _slice_vector, _token_probs, _token_y, kv_tile_layouts)
+from ..dkdv_hopper import (BOTH, G_P_E4M3_SCALE, _allocate, _allocate_token, _release,
+                           _rows, _rows_dot, _rows_dot16, _slice_vector, _token_ds, _token_probs, kv_tile_layouts)
 from ..dkdv_ws_hopper import PRODUCER_REGS, _producer, ring_barriers
 from ..launch import launch
 
 ROWS = gl.constexpr(64)    # kv rows per program: one tile, shared by both roles
 SLICE = gl.constexpr(64)   # q rows per slice; a q block (128) is two
-# q blocks in the ring: 99,840 B each (Q~, dK's operand, is bf16: 32 KB) + K^, V (24,576) + P^T (32,768) of 232,448;
-# two took 257 KB once Q~ replaced the 16 KB Q^T (tests/test_triton_offline.py checks the build fits)
+# q blocks in the ring: 99,840 B each (Q, dK's operand, is bf16: 32 KB) + K^, V (24,576) + P^T (32,768) of 232,448;
+# two took 257 KB once a bf16 Q replaced the 16 KB Q^T (tests/test_triton_offline.py checks the build fits)
 STAGES = 1
 CONSUMER_REGS = 240
 # Loops of a program that each walk every score element once (one per role): tools.offline --loop-mix sums them.
@@ -94,9 +93,8 @@ def _p_role(k_smem, q_smem, dot_smem, lse_smem, sq_smem, p_smem, kv_bar, full, e
 
 @gluon.jit
 def _y_role(v_tile, do_smem, qt_smem, delta_smem, sq_smem, p_smem, kv_bar, full, empty, p_full, p_empty, DK_bh,
-            stride_gn, start_n, n_blocks, sm_scale, SDO_bh, first, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-    """Warpgroup 1: dP^T of each q block, P^T from warpgroup 0, Y^T, dK (s_dO of block first + r gives the power
-    of two its dO s_Q and delta s_Q carry, _common.dos_power)."""
+            stride_gn, start_n, n_blocks, sm_scale, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """Warpgroup 1: dP^T of each q block, P^T from warpgroup 0, dS^T, dK."""
     s_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[0]
     dp_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[1]
     acc_layout: gl.constexpr = kv_tile_layouts(SLICE, HEAD_DIM)[2]
@@ -112,20 +110,16 @@ def _y_role(v_tile, do_smem, qt_smem, delta_smem, sq_smem, p_smem, kv_bar, full,
                               use_acc=False, is_async=True)
         dpt_b = warpgroup_mma(v_tile, _rows(do_smem, slot, 1, SLICE, HEAD_DIM, True).permute((1, 0)), zero_dp,
                               use_acc=False, is_async=True)
-        dsq_a = _slice_vector(delta_smem, slot, 0, col, SLICE, True)
+        delta_a = _slice_vector(delta_smem, slot, 0, col, SLICE, True)
         mbarrier.wait(p_full.index(0), r & 1)
         p_a = p_smem.index(0).load(s_layout)
         p_b = p_smem.index(1).load(s_layout)
         _release(p_empty, 0)
         dpt_a = warpgroup_mma_wait(1, deps=[dpt_a])
-        y_a = _token_y(p_a, dpt_a, dsq_a, s_layout)
+        ds_a = _token_ds(p_a, dpt_a, delta_a, s_layout)
         dpt_b = warpgroup_mma_wait(0, deps=[dpt_b])
-        y_b = _token_y(p_b, dpt_b, _slice_vector(delta_smem, slot, 1, col, SLICE, True), s_layout)
-        if do_smem.dtype == gl.float16:   # dO s_Q and delta s_Q carry c (_common.dos_power); 1 / c is exact
-            c_inv = dos_power(gl.load(SDO_bh + first + r), True)[1]
-            y_a = y_a * c_inv
-            y_b = y_b * c_inv
-        dk = _rows_dot16(y_a, y_b, qt_smem, slot, dk, True, SLICE, HEAD_DIM, True)   # dK += bf16(Y^T) Q~
+        ds_b = _token_ds(p_b, dpt_b, _slice_vector(delta_smem, slot, 1, col, SLICE, True), s_layout)
+        dk = _rows_dot16(ds_a, ds_b, qt_smem, slot, dk, True, SLICE, HEAD_DIM, True)   # dK += bf16(dS^T) Q16
         dk = warpgroup_mma_wait(0, deps=[dk])
         _release(empty, 2 * slot)
     offs_r = start_n + gl.arange(0, SLICE, layout=gl.SliceLayout(1, acc_layout))
@@ -173,7 +167,7 @@ def _dkdv_roles_kernel(k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_d
                    SK_tile, SDO_bh, DV + out_bh, stride_gn, start_n, first, n_blocks, sm_scale, HEAD_DIM, CAUSAL,
                    STAGES)),
         (_y_role, (v_rows, do_smem, qt_smem, delta_smem, sq_smem, p_smem, kv_bar.index(0), full, empty, p_full,
-                   p_empty, DK + out_bh, stride_gn, start_n, n_blocks, sm_scale, SDO_bh, first, HEAD_DIM, STAGES)),
+                   p_empty, DK + out_bh, stride_gn, start_n, n_blocks, sm_scale, HEAD_DIM, STAGES)),
         (_producer, (k_desc, v_desc, q_desc, do_desc, qt_desc, dot_desc, lse_desc, delta_desc, k_smem, v_smem,
                      q_smem, do_smem, qt_smem, dot_smem, lse_smem, delta_smem, kv_bar.index(0), full, empty, q_row0,
                      t_row0, vb, vh, start_n, first, n_blocks, STAGES, SLICE, BOTH, True, sq_desc, sq_smem, True)),
@@ -184,7 +178,7 @@ def run(c, tuning=None) -> None:
     """dK and dV of a backward.BackwardCall in the token contract at head dim 128 (registry: dkdv
     "gluon-roles")."""
     b, h, n, d = c.q8.shape
-    args = hopper.dkdv_args(c.q8, c.q8t, c.s_q, c.k8, c.s_k, c.v, c.do_s, c.do8t, c.s_do, c.lse2_p, c.delta_sq,
+    args = hopper.dkdv_args(c.q8, c.q, c.s_q, c.k8, c.s_k, c.v, c.do, c.do8t, c.s_do, c.lse2_p, c.delta,
                             c.tile_scales, c.dk, c.dv, kv_rows=ROWS.value, q_rows=2 * SLICE.value, token=True)
     launch("dkdv", _dkdv_roles_kernel, (n // ROWS.value, b * h), *args, HEAD_DIM=d, SLICE=SLICE.value,
            CAUSAL=c.causal, STAGES=STAGES,

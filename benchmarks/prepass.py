@@ -105,12 +105,12 @@ def prepass_inputs(shape, layout: str, device):
 
 def prepass_bytes(shape, quant: str) -> int:
     """Bytes the pre-pass must move at least: K read twice (its mean, then its quantisation), V once, Q once in
-    the block contract (the token forward reads Q itself), and their int8 copies written (K^ and K^T, V^T; Q^ and
-    Q^T); the scales and the mean's partial sums (under 1%) left out."""
+    the block contract (the token forward reads Q itself), and their int8 copies written (K^, V^T; in the block
+    contract also K^T, Q^ and Q^T); the scales and the mean's partial sums (under 1%) left out."""
     b, h, n, d = shape
     elements = b * h * n * d
     reads = 2 * (3 if quant == "token" else 4)   # bf16: K twice, V, (Q)
-    writes = 3 if quant == "token" else 5       # int8: K^, K^T, V^T, (Q^, Q^T)
+    writes = 2 if quant == "token" else 5       # int8: K^, V^T, (K^T, Q^, Q^T)
     return elements * (reads + writes)
 
 

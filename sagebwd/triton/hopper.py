@@ -60,15 +60,16 @@ def seq_desc(t, rows: int):
     return desc(t, [1, 1, rows, d], strides)
 
 
-def dkdv_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, kv_rows: int,
+def dkdv_args(q8, q_operand, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, kv_rows: int,
               q_rows: int, token: bool) -> tuple:
     """The arguments of a Gluon dK/dV kernel up to its constexprs: TMA descriptors in boxes of kv_rows (one
-    tile, or both of a warp-specialised program) and q_rows (a block or a slice), the scales, the outputs. q8t:
-    dK's Q operand, Q^T INT8 (block) or Q itself (token: any strides, bf16, or fp16 converted)."""
+    tile, or both of a warp-specialised program) and q_rows (a block or a slice), the scales, the outputs.
+    q_operand: dK's Q operand, Q^T INT8 (block) or Q itself (token: any strides, bf16, or fp16 converted)."""
     b, h, n, d = q8.shape
     rows = b * h * n
     # dK's Q operand: Q in bf16 rows as dO's (token; no copy when Q is bf16), or Q^T INT8 (block)
-    qt_desc = seq_desc(q8t.to(torch.bfloat16), q_rows) if token else desc(q8t.reshape(b * h * d, n), [d, q_rows])
+    qt_desc = (seq_desc(q_operand.to(torch.bfloat16), q_rows) if token else
+               desc(q_operand.reshape(b * h * d, n), [d, q_rows]))
     return (desc(k8.reshape(rows, d), [kv_rows, d]), seq_desc(v, kv_rows), desc(q8.reshape(rows, d), [q_rows, d]),
             seq_desc(do, q_rows), qt_desc,
             desc(do8t.reshape(b * h * d, n), [d, q_rows]), desc(lse2.reshape(rows), [q_rows]),
@@ -76,13 +77,13 @@ def dkdv_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales
             1.0 / d ** 0.5, n, h, desc((s_q if token else lse2).reshape(rows), [q_rows]))   # block: unused
 
 
-def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
+def dkdv_launches(q8, q_operand, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, *, causal: bool,
                   block_q: int, ws: bool, token: bool = False, dq_reduce: tuple | None = None,
                   dq_groups: int = 1, dq_product: int = 0) -> list:
     """[(name, kernel, grid, args, kwargs)] of the launches of one dK/dV: one at d=64, dV then dK at
     d=128; as dkdv_ws_hopper's kernel if `ws` (seq a multiple of 128), else dkdv_hopper's. v and do may
     have any strides and alignment. token: the token contract (s_q, s_k per token; s_q comes by TMA
-    with each q block, as LSE does; q8t is Q itself, dK's bf16 operand, and lse2 is lse2 - log2(256),
+    with each q block, as LSE does; q_operand is Q itself, dK's bf16 operand, and lse2 is lse2 - log2(256),
     BackwardCall.lse2_p; tile_scales unused). dq_reduce (ws, d=64; a measurement,
     tools.dq_reduce_probe): (an fp32 (B*H*N, D) buffer, zeroed int32 counters (B*H, N/128, 2) or None) into which
     every q block's dK accumulator is added by TMA as a fused backward's dQ partials would be, in a fixed order if
@@ -99,8 +100,8 @@ def dkdv_launches(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_sc
         raise ValueError(f"dq_product={dq_product!r}: 0 (none), 1 (INT8), 2 (INT8 with X^ made) or 3 (bf16 of Y)")
 
     def args(kv_rows, q_rows):
-        return dkdv_args(q8, q8t, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv, kv_rows=kv_rows,
-                         q_rows=q_rows, token=token)
+        return dkdv_args(q8, q_operand, s_q, k8, s_k, v, do, do8t, s_do, lse2, delta, tile_scales, dk, dv,
+                         kv_rows=kv_rows, q_rows=q_rows, token=token)
     kwargs = dict(HEAD_DIM=d, SLICE=dkdv_hopper.SLICE, CAUSAL=causal, TOKEN=token, num_warps=4)
     # (name, PASS, whole q blocks per copy, diagonal block masked in the loop, stages)
     passes = [("dkdv", dkdv_hopper.BOTH, True, False, dkdv_hopper.STAGES)] if d <= 64 else \

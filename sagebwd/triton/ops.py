@@ -88,7 +88,7 @@ def _forward_fake(q, k, v, causal, smooth_k, smooth_q, block_q, block_kv, token,
     b, h, n, d = q.shape
     i8, f32 = torch.int8, torch.float32
     def transposed():   # an INT8 copy in k order, or the empty placeholder
-        return q.new_empty((b, h, d, n) if _quant.writes_cols(for_backward, token) else (0,), dtype=i8)
+        return _quant.empty_cols(q) if _quant.writes_cols(for_backward, token) else q.new_empty((0,), dtype=i8)
     return (empty_in_layout_of(q, q.dtype), q.new_empty((b, h, n), dtype=f32),
             q.new_empty((b, h, n, d), dtype=i8), transposed(),
             q.new_empty((b, h, n if token else n // block_q), dtype=f32),

@@ -149,8 +149,8 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
                          TOKEN: tl.constexpr, SKIP_Q: tl.constexpr = False, PDL: tl.constexpr = False):
     """The forward's three quantisations in one launch (program_id(2): Q, K, V), every program a
     tile of TILE rows: Q^ in rows (and cols for the backward), K^ likewise after K-smoothing, V^
-    in cols only, per BLOCK_V rows (the forward's kv tile). TOKEN: Q and K with one scale per token, and no
-    cols (writes_cols).
+    in cols only, per BLOCK_V rows (the forward's kv tile). COLS: Q^T and K^T too (writes_cols: never with
+    TOKEN). TOKEN: Q and K with one scale per token.
     SKIP_Q: K and V only (program_id(2): K, V), where the token forward quantises Q itself. PDL: the forward,
     launched as a programmatic dependent, may start once every program has started."""
     if PDL and not INTERPRETING:
@@ -164,10 +164,10 @@ def _quantize_qkv_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS, K_CO
         k_program = which == 1
     if not SKIP_Q and which == 0:
         _q_tile(Q, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N, tile, bh,
-                TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS and not TOKEN, TOKEN)
+                TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS, TOKEN)
     elif k_program:
         _k_tile(K, K_MEAN, K_ROWS, K_COLS, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N, tile, bh,
-                TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, COLS and not TOKEN, TOKEN)
+                TILE, BLOCK_KV, HEAD_DIM, SMOOTH_K, COLS, TOKEN)
     else:
         _v_tile(V, V_COLS, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N, tile, bh, TILE, BLOCK_V, HEAD_DIM)
 
@@ -212,7 +212,7 @@ def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS,
             j = slot - CHUNKS
             if not SKIP_Q and j < tiles:
                 _q_tile(Q, Q_ROWS, Q_COLS, SQ, MU_Q, stride_qb, stride_qh, stride_qn, stride_qd, H, N, j, r,
-                        TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS and not TOKEN, TOKEN)
+                        TILE, BLOCK_Q, HEAD_DIM, SMOOTH_Q, COLS, TOKEN)
             else:
                 _v_tile(V, V_COLS, SV, stride_vb, stride_vh, stride_vn, stride_vd, H, N, j % tiles, r, TILE,
                         BLOCK_V, HEAD_DIM)
@@ -223,7 +223,7 @@ def _quantize_qkv_mean_kernel(Q, K, V, K_MEAN, Q_ROWS, Q_COLS, SQ, MU_Q, K_ROWS,
             while ready == 0:
                 ready = tl.atomic_add(COUNTERS + 1 + BH + bh, 0, sem="acquire")
             _k_tile(K, K_MEAN, K_ROWS, K_COLS, SK, stride_kb, stride_kh, stride_kn, stride_kd, H, N,
-                    slot - CHUNKS - qv, bh, TILE, BLOCK_KV, HEAD_DIM, True, COLS and not TOKEN, TOKEN, True)
+                    slot - CHUNKS - qv, bh, TILE, BLOCK_KV, HEAD_DIM, True, COLS, TOKEN, True)
 
 
 @triton.jit
@@ -384,15 +384,15 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int
         mu_q if smooth_q else dummy, k8, k8t if k8t is not None else dummy, s_k, v8t, s_v,
         *q.stride(), *k.stride(), *v.stride(), h, n,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_K=k_mean is not None,
-        SMOOTH_Q=smooth_q, COLS=cols, TOKEN=token, SKIP_Q=not quantize_q, num_warps=_warps(tile, d),
-        **_pdl(pdl), tuning=tuning)
+        SMOOTH_Q=smooth_q, COLS=writes_cols(cols, token), TOKEN=token, SKIP_Q=not quantize_q,
+        num_warps=_warps(tile, d), **_pdl(pdl), tuning=tuning)
     return outputs
 
 
 def writes_cols(cols: bool, token: bool) -> bool:
     """Whether the quantise launch writes Q^T and K^T (INT8 in k order): for the backward (cols), in the block
     contract only; the token backward's dQ and dK are bf16 products with K and Q themselves (simulate.token_dq,
-    token_dk), and nothing else reads them. The kernels take the same rule as COLS and not TOKEN."""
+    token_dk), and nothing else reads them. The quantise launches take it as their COLS."""
     return cols and not token
 
 
@@ -423,10 +423,10 @@ def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, 
     def f32(*shape):
         return torch.empty(*shape, device=dev, dtype=torch.float32)
     k8, v8t = i8(b, h, n, d), i8(b, h, d, n)
-    k8t = i8(b, h, d, n) if writes_cols(cols, token) else None
+    k8t = empty_cols(q) if writes_cols(cols, token) else None
     s_k = f32(b, h, n) if token else f32(b, h, n // block_kv)
     s_v = f32(b, h, n // block_v)
-    q8, q8t = i8(b, h, n, d), i8(b, h, d, n) if writes_cols(cols, token) else None
+    q8, q8t = i8(b, h, n, d), empty_cols(q) if writes_cols(cols, token) else None
     s_q = f32(b, h, n) if token else f32(b, h, n // block_q)
     mu_q = f32(b, h, n // block_q, d) if smooth_q else None
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
@@ -492,8 +492,8 @@ def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: b
         q, k, v, k_mean, q8, q8t if q8t is not None else dummy, s_q, mu_q if smooth_q else dummy, k8,
         k8t if k8t is not None else dummy, s_k, v8t, s_v, partial, counters, *q.stride(), *k.stride(), *v.stride(),
         h, n, b * h, chunks, lag,
-        TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_Q=smooth_q, COLS=cols,
-        TOKEN=token, SKIP_Q=not quantize_q, MEAN_ROWS=rows, MEAN_STEP=step, CHUNKS_P2=triton.next_power_of_2(chunks),
+        TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_Q=smooth_q,
+        COLS=writes_cols(cols, token), TOKEN=token, SKIP_Q=not quantize_q, MEAN_ROWS=rows, MEAN_STEP=step, CHUNKS_P2=triton.next_power_of_2(chunks),
         num_warps=_warps(tile, d), **_pdl(pdl), tuning=tuning)
     return (*outputs, k_mean)
 

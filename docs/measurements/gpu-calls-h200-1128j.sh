@@ -1,7 +1,9 @@
 # The twentieth session's device calls (H200, 2026-11-28). Call 1: `gpu-next-1128i.sh tests` (the whole GPU suite on
 # c94e363's parent; only the experimental roles kernel failed, under Triton 3.6), call 2: its roles tests again and
-# `gpu-next-1128i.sh table` on c94e363. Then this script, run from the repository root with carry [".gpu"] after
-# `prepare` (local): .gpu/base = c94e363 (dK from Y and Q~), .gpu/ds16 = the working tree (dQ and dK from dS itself).
+# `gpu-next-1128i.sh table` on c94e363 (`roles` below). Then this script, run from the repository root with carry
+# [".gpu"] after `prepare` (local): .gpu/base = c94e363 (dK from Y and Q~), .gpu/ds16 = the working tree (dQ and dK
+# from dS itself): `check` (call 3), `seeds` (calls 4-5, the first without .cache), `pairs` (calls 6, 7:
+# `pairs trainer-pairs-h200-1128j.json`, then `pairs trainer-pairs-h200-1128j-b.json`).
 set -u
 case "${1:-}" in
   prepare)
@@ -28,5 +30,16 @@ case "${1:-}" in
     timeout 420 python3 -m experiments.seeds --seeds 11 --variants fpa sagebwd-k-token --name gpu-token-ds16-11-1128j \
       --set eval.batches=16 --set tracking.system_metrics=false --set tracking.tracking_uri=sqlite:////tmp/mlflow.db \
       --out "$OUT/seeds-ds16" 2>&1 | tail -12 ;;
-  *) echo "usage: bash $0 prepare|check|seeds" >&2; exit 2 ;;
+  roles)     # call 2 as it ran (on c94e363, no carry): the roles kernel's tests again, then the fwd+bwd table
+    python3 -c "import triton; print(triton.__version__)"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py -k "by_role or small_gradients" \
+      2>&1 | tail -4
+    bash docs/measurements/gpu-next-1128i.sh table 2>&1 | tail -40 ;;
+  pairs)     # calls 6 and 7 (carry .whl, .cache): trainer pairs on the ds16 tree, two pairs a call (OUT name: $2)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD MLFLOW_DISABLE_TELEMETRY=true
+    timeout 430 python3 -m benchmarks.pairs --pairs 2 --json "$OUT/${2:-trainer-pairs-h200-1128j.json}" -- --case \
+      experiments/configs/gpu-124m.yaml@4096x4 --loss chunked --steps 20 --engine deepspeed \
+      --compile reduce-overhead 2>&1 | tail -15 ;;
+  *) echo "usage: bash $0 prepare|roles|check|seeds|pairs [JSON name]" >&2; exit 2 ;;
 esac

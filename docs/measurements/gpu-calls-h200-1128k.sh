@@ -7,7 +7,11 @@
 #   call 3: run("bash docs/measurements/gpu-calls-h200-1128k.sh table", carry=[".cute2", ".whl-cudnn"])
 #           on the still-warm machine: the one table with every column (both contracts, FLASH, CUDNN, FA4, CUDNN-FP8)
 # As they ran: call 1 `ab`; the forward lost (+0.6% / +2.8%), so call 2 was `table-base` (the table on the base) and
-# call 3 `ncu` (where the token kernels' issue goes, by pipe).
+# call 3 `ncu` (where the token kernels' issue goes, by pipe); call 4 `source` on main (bb9b86f's kernels); call 5
+# `ab-probe ab-token-exp2fma-dq-h200-1128k` with probe-token-dq-exp2-fma.patch applied to bb9b86f (carry
+# .gpu/basefiles: bb9b86f's dq_hopper.py and dkdv_hopper.py); call 6 `ab-probe ab-token-intmax-probe-h200-1128k`
+# with probe-token-forward-intmax.patch (.gpu/basefiles: bb9b86f's forward.py). The tests and table cases above
+# were not run: nothing of the kernels changed on main.
 # (.whl-cudnn holds .whl's nvidia_cudnn_frontend wheel alone: .cute2 and all of .whl pass the 64 MiB a call carries.)
 set -u
 BASE=bb9b86f

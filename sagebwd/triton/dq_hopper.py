@@ -194,6 +194,22 @@ def _pair_product(dq, y_a, y_b, k16_pair, op_layout: gl.constexpr, KV_ROWS: gl.c
 
 
 @gluon.jit
+def _product_done(dq_tok, empty, refill, STAGES: gl.constexpr, WS: gl.constexpr, HALF: gl.constexpr,
+                  IN_FLIGHT: gl.constexpr):
+    """dq once the previous pair's product is done (IN_FLIGHT later groups may still run); WS: the ring slot it
+    read (pair u-1's) is then freed, in all warps after the barrier."""
+    dq = warpgroup_mma_wait(IN_FLIGHT, deps=[dq_tok])
+    if WS:
+        if HALF < 0:
+            _cta_barrier()
+            mbarrier.arrive(empty.index(refill % STAGES))
+        elif refill >= STAGES:   # the halves' first pair runs this code too, with no slot before it to free
+            _cta_barrier()
+            mbarrier.arrive(empty.index(refill % STAGES))
+    return dq
+
+
+@gluon.jit
 def _tile_token(j, dq, y_a, y_b, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_tile, lse, delta,
                 offs_m, qk_row, refill, s_layout: gl.constexpr, dp_layout: gl.constexpr, op_layout: gl.constexpr,
                 STAGES: gl.constexpr, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr,
@@ -219,29 +235,30 @@ def _tile_token(j, dq, y_a, y_b, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_ti
             mbarrier.wait(empty.index(STAGES), (j - 1) & 1)
     if HALF == 1:
         mbarrier.wait(empty.index(STAGES + 1), j & 1)
-    if PRODUCT:
+    # S_FIRST (d=64): S is issued before the previous pair's product, so that exp2 waits for S alone (wgmma groups
+    # complete in issue order) and runs while the product and dP do: the d=64 dQ -5.4% (H200). At d=128 the
+    # product (m64n128k64) first is faster: S first there +4.0% (docs/kernel-notes.md, "Twenty-first session").
+    S_FIRST: gl.constexpr = HEAD_DIM == 64
+    if PRODUCT and not S_FIRST:
         dq_tok = _pair_product(dq, y_a, y_b, kt_prev, op_layout, KV_ROWS, HEAD_DIM)
     s_tok = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.int32, s_layout),
                           use_acc=False, is_async=True)
-    if PRODUCT:
-        dq = warpgroup_mma_wait(1, deps=[dq_tok])
-        if WS:   # the product that read pair u-1's slot is done in this warp; in all after the barrier
-            if HALF < 0:
-                _cta_barrier()
-                mbarrier.arrive(empty.index(refill % STAGES))
-            elif refill >= STAGES:   # the halves' first pair runs this code too, with no slot before it to free
-                _cta_barrier()
-                mbarrier.arrive(empty.index(refill % STAGES))
+    if PRODUCT and S_FIRST:
+        dq_tok = _pair_product(dq, y_a, y_b, kt_prev, op_layout, KV_ROWS, HEAD_DIM)
+    if PRODUCT and not S_FIRST:
+        dq = _product_done(dq_tok, empty, refill, STAGES, WS, HALF, 1)
     dp_tok = warpgroup_mma(do_smem, v_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.float32, dp_layout),
                            use_acc=False, is_async=True)
     if HALF >= 0:
         _cta_barrier()   # every warp of this warpgroup has issued
         mbarrier.arrive(empty.index(STAGES + 1 - HALF))
-    s = warpgroup_mma_wait(1, deps=[s_tok])
+    s = warpgroup_mma_wait(2 if PRODUCT and S_FIRST else 1, deps=[s_tok])
     p = gl.exp2(s.to(gl.float32) * k_scale[None, :] * qk_row[:, None] - lse[:, None])
     if MASK:
         offs_n = j * KV_ROWS + gl.arange(0, KV_ROWS, layout=gl.SliceLayout(0, s_layout))
         p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+    if PRODUCT and S_FIRST:
+        dq = _product_done(dq_tok, empty, refill, STAGES, WS, HALF, 1)
     dp = warpgroup_mma_wait(0, deps=[dp_tok])
     return dq, p * (gl.convert_layout(dp, s_layout) - delta[:, None])   # dS
 

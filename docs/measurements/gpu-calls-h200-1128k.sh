@@ -11,7 +11,8 @@
 # `ab-probe ab-token-exp2fma-dq-h200-1128k` with probe-token-dq-exp2-fma.patch applied to bb9b86f (carry
 # .gpu/basefiles: bb9b86f's dq_hopper.py and dkdv_hopper.py); call 6 `ab-probe ab-token-intmax-probe-h200-1128k`
 # with probe-token-forward-intmax.patch (.gpu/basefiles: bb9b86f's forward.py). The tests and table cases above
-# were not run: nothing of the kernels changed on main.
+# were not run. Call 7 `dq-order` (branch dq-order: the token dQ's S first at both head dims; .gpu/basefiles:
+# bb9b86f's dq_hopper.py); call 8 `final` on the landed tree (S first at d=64 only).
 # (.whl-cudnn holds .whl's nvidia_cudnn_frontend wheel alone: .cute2 and all of .whl pass the 64 MiB a call carries.)
 set -u
 BASE=bb9b86f
@@ -90,5 +91,14 @@ case "${1:-}" in
       && cp -r .gpu/basefiles/. /tmp/base/
     timeout 300 python3 -m benchmarks.ab /tmp/base --rounds 2 --json "$OUT/${2:-ab-probe}.json" \
       -- --no-bench --quant token --kernel-times --kernel-shapes 8,16,4096,64 8,8,4096,128 | tail -20 ;;
-  *) echo "usage: bash $0 prepare|ab|table-base|ncu|source|ab-probe|tests|table" >&2; exit 2 ;;
+  dq-order)   # call 7 (branch dq-order; .gpu/basefiles: bb9b86f's dq_hopper.py): its dQ tests, then the A/B
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
+      -k "token_gluon_dq or (matches_simulation and token) or (direct_launches and token) or two_streams" 2>&1 | tail -4
+    bash "$0" ab-probe ab-token-dq-order-h200-1128k ;;
+  final)   # call 8, the final kernels (the d=64 token dQ with S first): the dQ's GPU tests, then both contracts' table
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
+      -k "token_gluon_dq or (matches_simulation and token) or (direct_launches and token) or two_streams" 2>&1 | tail -4
+    timeout 200 python3 -m benchmarks.attention --baselines FLASH CUDNN --shapes 8,16,4096,64 8,8,4096,128 4,12,4096,64 \
+      --json "$OUT/bench-h200-1128k.json" 2>&1 | tail -16 ;;
+  *) echo "usage: bash $0 prepare|ab|table-base|ncu|source|ab-probe|dq-order|final|tests|table" >&2; exit 2 ;;
 esac

@@ -100,5 +100,10 @@ case "${1:-}" in
       -k "token_gluon_dq or (matches_simulation and token) or (direct_launches and token) or two_streams" 2>&1 | tail -4
     timeout 200 python3 -m benchmarks.attention --baselines FLASH CUDNN --shapes 8,16,4096,64 8,8,4096,128 4,12,4096,64 \
       --json "$OUT/bench-h200-1128k.json" 2>&1 | tail -16 ;;
-  *) echo "usage: bash $0 prepare|ab|table-base|ncu|source|ab-probe|dq-order|final|tests|table" >&2; exit 2 ;;
+  ws2)   # call 9, the final kernels: the token dQ's two-consumer kernel (gluon-ws2) against the default, kernel times
+    for k in default dq=gluon-ws2; do
+      timeout 120 python3 -m benchmarks.attention --no-bench --quant token --kernel-times --kernels "$k" \
+        --kernel-shapes 8,16,4096,64 8,8,4096,128 2>&1 | grep -i "_dq_kernel\|all kernels" | sed "s/^/$k: /"
+    done ;;
+  *) echo "usage: bash $0 prepare|ab|table-base|ncu|source|ab-probe|dq-order|final|ws2|tests|table" >&2; exit 2 ;;
 esac

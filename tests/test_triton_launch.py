@@ -101,15 +101,15 @@ def test_kernel_choice_is_validated_and_never_leaves_sm90():
         assert registry.resolve("sm90", d, "dkdv", "token", **{**shape, "seq": 192}).name == "gluon"
         assert registry.select("sm90", d, "dkdv", "token", "fused").name == "gluon-ws"   # fused is block's only
         assert registry.select("generic", d, "dkdv", "token", "dkdv=gluon-ws").name == "triton"
-    # ... and its Gluon dQ (H100: warp-specialised), Triton's where chosen and outside its limits
-    # (Q-smoothing, blocks) and off Hopper
-    defaults = {64: "gluon-ws", 128: "gluon-ws"}
+    # ... and its Gluon dQ (H200: warp-specialised on two consumers, at d=64 one without the mask), Triton's where
+    # chosen and outside its limits (Q-smoothing, blocks) and off Hopper
+    defaults = {64: "gluon-ws2", 128: "gluon-ws2"}
     for d in registry.HEAD_DIMS:
         assert registry.select("sm90", d, "dq", "token").name == defaults[d]
         assert registry.select("sm90", d, "dq", "token", "triton").name == "triton"
         assert registry.select("sm90", d, "dq", "token", "fused").name == defaults[d]   # fused is block's only
-        # the two-consumer dQ: a choice on the token rows only (the block contract's tile maxima span the block),
-        # and the d=128 token default without the causal mask (a call that names a kernel gets that kernel)
+        # the two-consumer dQ: on the token rows only (the block contract's tile maxima span the block), and not
+        # the d=64 token default without the causal mask (a call that names a kernel gets that kernel)
         unmasked = {64: "gluon-ws", 128: "gluon-ws2"}[d]
         assert registry.select("sm90", d, "dq", "token", causal=False).name == unmasked
         assert registry.select("sm90", d, "dq", "token", causal=True).name == defaults[d]

@@ -12,7 +12,8 @@
 # .gpu/basefiles: bb9b86f's dq_hopper.py and dkdv_hopper.py); call 6 `ab-probe ab-token-intmax-probe-h200-1128k`
 # with probe-token-forward-intmax.patch (.gpu/basefiles: bb9b86f's forward.py). The tests and table cases above
 # were not run. Call 7 `dq-order` (branch dq-order: the token dQ's S first at both head dims; .gpu/basefiles:
-# bb9b86f's dq_hopper.py); call 8 `final` on the landed tree (S first at d=64 only).
+# bb9b86f's dq_hopper.py); call 8 `final` on the landed tree (S first at d=64 only); calls 9 `ws2` and 10
+# `ws2-masks` on that tree (their output is quoted in docs/benchmarks.md; no JSON).
 # (.whl-cudnn holds .whl's nvidia_cudnn_frontend wheel alone: .cute2 and all of .whl pass the 64 MiB a call carries.)
 set -u
 BASE=bb9b86f
@@ -105,5 +106,12 @@ case "${1:-}" in
       timeout 120 python3 -m benchmarks.attention --no-bench --quant token --kernel-times --kernels "$k" \
         --kernel-shapes 8,16,4096,64 8,8,4096,128 2>&1 | grep -i "_dq_kernel\|all kernels" | sed "s/^/$k: /"
     done ;;
-  *) echo "usage: bash $0 prepare|ab|table-base|ncu|source|ab-probe|dq-order|final|ws2|tests|table" >&2; exit 2 ;;
+  ws2-masks)   # call 10 as it ran (warm after call 9): both choices twice, alternated, at d=64 with and without the mask
+    for k in default dq=gluon-ws2 default dq=gluon-ws2; do
+      timeout 45 python3 -m benchmarks.attention --no-bench --quant token --kernel-times --kernels "$k" \
+        --kernel-shapes 8,16,4096,64 4,12,4096,64 --kernel-masks causal full 2>&1 \
+        | grep -o "sage-token.*causal=[A-Za-z]*\|_dq_kernel [0-9.]*" | paste -sd' ' | sed "s/^/$k: /"
+    done ;;
+  *) echo "usage: bash $0 prepare|ab|table-base|ncu|source|ab-probe|dq-order|final|ws2|ws2-masks|tests|table" >&2
+     exit 2 ;;
 esac

@@ -1,5 +1,5 @@
-"""dQ kernel for Hopper in Gluon (registry: dq "gluon-ws", the default on sm_90 at d=128 and for the
-token contract at d=64, and its reference "gluon"): backward.py's _dq_kernel
+"""dQ kernel for Hopper in Gluon (registry: dq "gluon-ws", the block contract's default on sm_90 at d=128 and the
+token contract's at d=64 without the causal mask, and its reference "gluon"): backward.py's _dq_kernel
 arithmetic in the same order (bit-identical dQ and tile scales), with its loads, waits and
 barriers placed by hand.
 
@@ -44,10 +44,12 @@ accumulating into dQ itself: no maximum, no rounding to INT8, no per-tile scale;
 sm_scale at the end. The pair's product runs during the next pair's first tile; s_K per kv
 row (S's) by TMA with each tile pair (a ring beside K^'s), s_Q per q row loaded once (docs/kernel-notes.md,
 "The token contract's Gluon dQ", "dQ in bf16 from Y").
-SPLIT (TOKEN and WS; registry dq "gluon-ws2": the d=128 token default without the causal mask, a choice
-elsewhere on the token rows): the block's halves on two consumer partitions of one warpgroup each, taking
-turns issuing their products (FA3's ping-pong, two mbarriers after the ring's); bit-identical, -7.6% at
-d=128 without the mask, 3-10% slower causal (docs/kernel-notes.md, "The token dQ on two consumer warpgroups").
+SPLIT (TOKEN and WS; registry dq "gluon-ws2": the token default on sm_90 but at d=64 without the causal mask):
+the block's halves on two consumer partitions of one warpgroup each, taking turns issuing their products (FA3's
+ping-pong, two mbarriers after the ring's); bit-identical. With dQ's bf16 product and S first (H200, 2026-11-28):
+-3% at d=64 causal, +7% without the mask, -5.7% at d=128 causal; on an H100 with the INT8 X^ it was 3-10% slower
+causal, -7.6% at d=128 without the mask (docs/kernel-notes.md, "The token dQ on two consumer warpgroups",
+"Twenty-first session").
 Limits (registry; else backward.py runs): block_q 128, block_kv 64, no Q-smoothing.
 """
 from __future__ import annotations

@@ -1,0 +1,32 @@
+# The next GPU session's first calls, prepared in the twenty-first (2026-11-28; none run yet): the tree with the
+# token dQ's two-consumer default (999cfc8 and after) under the whole token GPU suite, its fwd+bwd table, and the
+# trainer (docs/kernel-notes.md, "Twenty-first session", Next 0). From the repository root:
+#   run(command="bash docs/measurements/gpu-next-1128k.sh tests")                           the token GPU suite
+#   run(command="bash docs/measurements/gpu-next-1128k.sh table")                           fwd+bwd, both contracts
+#   run(command="bash docs/measurements/gpu-next-1128k.sh pairs", carry=[".whl", ".cache"])  two trainer pairs
+set -u
+case "${1:-}" in
+  tests)
+    python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_triton_gpu.py \
+      -k "token or compiled_model or cuda_graph or direct_launches or programmatic or sections or allocates_only" \
+      2>/dev/null | grep "::" > /tmp/ids; wc -l < /tmp/ids
+    awk 'NR%2==1' /tmp/ids > /tmp/h1; awk 'NR%2==0' /tmp/ids > /tmp/h2
+    mapfile -t A < /tmp/h1; mapfile -t B < /tmp/h2
+    (timeout 540 python3 -m pytest -q -p no:cacheprovider "${A[@]}" > "$OUT/gpu-tests-next-1.txt" 2>&1
+     echo "rc $?" >> "$OUT/gpu-tests-next-1.txt") &
+    (timeout 540 python3 -m pytest -q -p no:cacheprovider "${B[@]}" > "$OUT/gpu-tests-next-2.txt" 2>&1
+     echo "rc $?" >> "$OUT/gpu-tests-next-2.txt") &
+    wait
+    tail -n 2 "$OUT"/gpu-tests-next-*.txt; grep -h "^FAILED\|^ERROR" "$OUT"/gpu-tests-next-*.txt | head ;;
+  table)
+    timeout 400 python3 -m benchmarks.attention --baselines FLASH CUDNN --kernel-times \
+      --kernel-shapes 8,16,4096,64 8,8,4096,128 --shapes 8,16,4096,64 8,8,4096,128 \
+      --json "$OUT/bench-h200-next.json" 2>&1 | tail -16 ;;
+  pairs)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD MLFLOW_DISABLE_TELEMETRY=true
+    timeout 430 python3 -m benchmarks.pairs --pairs 2 --json "$OUT/trainer-pairs-h200-next.json" -- --case \
+      experiments/configs/gpu-124m.yaml@4096x4 --loss chunked --steps 20 --engine deepspeed \
+      --compile reduce-overhead 2>&1 | tail -15 ;;
+  *) echo "usage: bash $0 tests|table|pairs" >&2; exit 2 ;;
+esac

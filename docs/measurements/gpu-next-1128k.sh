@@ -4,6 +4,10 @@
 #   run(command="bash docs/measurements/gpu-next-1128k.sh tests")                           the token GPU suite
 #   run(command="bash docs/measurements/gpu-next-1128k.sh table")                           fwd+bwd, both contracts
 #   run(command="bash docs/measurements/gpu-next-1128k.sh pairs", carry=[".whl", ".cache"])  two trainer pairs
+# and a prepared trial: locally `git apply docs/measurements/trial-token-dkdv-defer-dk16.patch`, then
+#   mkdir -p .gpu/basefiles/sagebwd/triton && git show HEAD:sagebwd/triton/dkdv_hopper.py \
+#     > .gpu/basefiles/sagebwd/triton/dkdv_hopper.py
+#   run(command="bash docs/measurements/gpu-next-1128k.sh defer-dk", carry=[".gpu/basefiles"])
 set -u
 case "${1:-}" in
   tests)
@@ -28,5 +32,13 @@ case "${1:-}" in
     timeout 430 python3 -m benchmarks.pairs --pairs 2 --json "$OUT/trainer-pairs-h200-next.json" -- --case \
       experiments/configs/gpu-124m.yaml@4096x4 --loss chunked --steps 20 --engine deepspeed \
       --compile reduce-overhead 2>&1 | tail -15 ;;
-  *) echo "usage: bash $0 tests|table|pairs" >&2; exit 2 ;;
+  defer-dk)   # the token d=64 dK/dV with each block's dK product left in flight into the next block: its tests, A/B
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
+      -k "token_gluon_dkdv or (matches_simulation and token and 64) or two_streams" 2>&1 | tail -4
+    rm -rf /tmp/base && mkdir -p /tmp/base && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/base/ \
+      && cp -r .gpu/basefiles/. /tmp/base/
+    timeout 300 python3 -m benchmarks.ab /tmp/base --rounds 2 --json "$OUT/ab-token-defer-dk16.json" \
+      -- --no-bench --quant token --kernel-times --kernel-shapes 8,16,4096,64 4,12,4096,64 \
+      --kernel-masks causal full | tail -20 ;;
+  *) echo "usage: bash $0 tests|table|pairs|defer-dk" >&2; exit 2 ;;
 esac

@@ -32,18 +32,19 @@ case "${1:-}" in
       -- --quant token --baselines CUDNN --shapes 8,16,4096,64 8,8,4096,128 --kernel-times | tail -45
     timeout 150 python3 -m benchmarks.preprocess --shapes 8,16,4096,64 8,8,4096,128 4,12,4096,64 --quant token block \
       --warps 4 8 16 --json "$OUT/preprocess-h200-1128k.json" | tail -30 ;;
-  tests)
+  tests)   # the token GPU suite in two processes; logs gpu-tests-NAME-{1,2}.txt (NAME: $2, else fwd16)
+    name=${2:-fwd16}
     python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_triton_gpu.py \
       -k "token or compiled_model or cuda_graph or direct_launches or programmatic or sections or allocates_only" \
       2>/dev/null | grep "::" > /tmp/ids; wc -l < /tmp/ids
     awk 'NR%2==1' /tmp/ids > /tmp/h1; awk 'NR%2==0' /tmp/ids > /tmp/h2
     mapfile -t A < /tmp/h1; mapfile -t B < /tmp/h2
-    (timeout 540 python3 -m pytest -q -p no:cacheprovider "${A[@]}" > "$OUT/gpu-tests-fwd16-1.txt" 2>&1
-     echo "rc $?" >> "$OUT/gpu-tests-fwd16-1.txt") &
-    (timeout 540 python3 -m pytest -q -p no:cacheprovider "${B[@]}" > "$OUT/gpu-tests-fwd16-2.txt" 2>&1
-     echo "rc $?" >> "$OUT/gpu-tests-fwd16-2.txt") &
+    (timeout 540 python3 -m pytest -q -p no:cacheprovider "${A[@]}" > "$OUT/gpu-tests-$name-1.txt" 2>&1
+     echo "rc $?" >> "$OUT/gpu-tests-$name-1.txt") &
+    (timeout 540 python3 -m pytest -q -p no:cacheprovider "${B[@]}" > "$OUT/gpu-tests-$name-2.txt" 2>&1
+     echo "rc $?" >> "$OUT/gpu-tests-$name-2.txt") &
     wait
-    tail -n 2 "$OUT"/gpu-tests-fwd16-*.txt; grep -h "^FAILED\|^ERROR" "$OUT"/gpu-tests-fwd16-*.txt | head ;;
+    tail -n 2 "$OUT"/gpu-tests-$name-*.txt; grep -h "^FAILED\|^ERROR" "$OUT"/gpu-tests-$name-*.txt | head ;;
   table)
     cp .cute2/libs.part.ab /tmp/wheels/ && (cd /tmp/wheels && cat libs.part.aa libs.part.ab \
       > nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl && rm libs.part.aa libs.part.ab)

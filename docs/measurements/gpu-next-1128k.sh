@@ -10,18 +10,8 @@
 #   run(command="bash docs/measurements/gpu-next-1128k.sh defer-dk", carry=[".gpu/basefiles"])
 set -u
 case "${1:-}" in
-  tests)
-    python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_triton_gpu.py \
-      -k "token or compiled_model or cuda_graph or direct_launches or programmatic or sections or allocates_only" \
-      2>/dev/null | grep "::" > /tmp/ids; wc -l < /tmp/ids
-    awk 'NR%2==1' /tmp/ids > /tmp/h1; awk 'NR%2==0' /tmp/ids > /tmp/h2
-    mapfile -t A < /tmp/h1; mapfile -t B < /tmp/h2
-    (timeout 540 python3 -m pytest -q -p no:cacheprovider "${A[@]}" > "$OUT/gpu-tests-next-1.txt" 2>&1
-     echo "rc $?" >> "$OUT/gpu-tests-next-1.txt") &
-    (timeout 540 python3 -m pytest -q -p no:cacheprovider "${B[@]}" > "$OUT/gpu-tests-next-2.txt" 2>&1
-     echo "rc $?" >> "$OUT/gpu-tests-next-2.txt") &
-    wait
-    tail -n 2 "$OUT"/gpu-tests-next-*.txt; grep -h "^FAILED\|^ERROR" "$OUT"/gpu-tests-next-*.txt | head ;;
+  tests)   # the same call as the twenty-first session's (logs gpu-tests-next-{1,2}.txt)
+    bash docs/measurements/gpu-calls-h200-1128k.sh tests next ;;
   table)
     timeout 400 python3 -m benchmarks.attention --baselines FLASH CUDNN --kernel-times \
       --kernel-shapes 8,16,4096,64 8,8,4096,128 --shapes 8,16,4096,64 8,8,4096,128 \

@@ -40,7 +40,11 @@ BASELINES = baselines.DEFAULT
 # SageBwd under each quantisation contract: "sage" is the paper's ("block"), "sage-token" the
 # per-token one; --quant picks which the benchmark times.
 SAGE_IMPLS = {"block": "sage", "token": "sage-token"}
-MODES = ("fwd", "bwd", "fwd+bwd")
+# "fwd+bwd graph": one fwd+bwd captured in a CUDA graph and replayed, every column alike: the GPU's time without the
+# host's launch work, which for SageBwd's eager call (~2 ms a fwd+bwd on the lent H200s' hosts) can reach the
+# d=128 rows' GPU time and then sets the eager "fwd+bwd" row (`host_ms`); the trainer runs the op that way
+# (train.compile_mode reduce-overhead).
+MODES = ("fwd", "bwd", "fwd+bwd", "fwd+bwd graph")
 # The run's kernel choice (--kernels), set once by main(): this tool's setting, not the package's.
 RUN = {"kernels": "default"}
 
@@ -76,7 +80,7 @@ def attention_fn(impl: str, causal: bool, tuning=None):
 def flops(shape, causal: bool, mode: str) -> float:
     b, h, n, d = shape
     fwd = 4.0 * b * h * n * n * d / (2 if causal else 1)
-    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd}[mode]
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd+bwd": 3.5 * fwd, "fwd+bwd graph": 3.5 * fwd}[mode]
 
 
 def host_ms(step, leaves=(), n: int = 20, repeats: int = 1, before=None) -> float:
@@ -134,9 +138,29 @@ def time_impl(impl: str, shape, causal: bool, mode: str, tuning=None) -> dict:
     return cell
 
 
+def replayed(step, leaves=()):
+    """graph.replay of a CUDA graph holding one call of step (warmed up on a side stream, as torch.cuda.graphs
+    asks; the leaves' .grad reset first, so the captured backward writes them afresh)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            for t in leaves:
+                t.grad = None
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    for t in leaves:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def time_runner(runner, shape, causal: bool, mode: str, catch=(RuntimeError,)) -> dict:
     """Time one mode of a runner (benchmarks/baselines.py: forward(), backward_step(), step()):
-    fwd is a forward without grad, bwd the backward of a kept forward, fwd+bwd the two."""
+    fwd is a forward without grad, bwd the backward of a kept forward, fwd+bwd the two, "fwd+bwd graph" the two
+    replayed from a CUDA graph (MODES)."""
     import triton
     grads = list(runner.leaves)
     try:
@@ -144,6 +168,10 @@ def time_runner(runner, shape, causal: bool, mode: str, catch=(RuntimeError,)) -
             ms = triton.testing.do_bench(runner.forward, return_mode="median")
         elif mode == "bwd":
             ms = triton.testing.do_bench(runner.backward_step(), grad_to_none=grads, return_mode="median")
+        elif mode == "fwd+bwd graph":
+            if not isinstance(runner, baselines.AutogradRunner):   # cuDNN FP8's graphs run on their handle's stream
+                return baselines.failed_cell(NotImplementedError(f"{type(runner).__name__} is not captured"))
+            ms = triton.testing.do_bench(replayed(runner.step, grads), return_mode="median")
         else:
             ms = triton.testing.do_bench(runner.step, grad_to_none=grads, return_mode="median")
     except catch as err:   # e.g. a backend that does not take this shape

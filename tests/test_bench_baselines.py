@@ -151,11 +151,14 @@ def test_the_table_says_why_a_cell_is_empty_and_keeps_its_columns():
     assert head[7:12] == ["FLASH ms", "CUDNN ms", "EFFICIENT ms", "FA4 ms", "CUDNN-FP8 ms"]
     assert "SageBwd block ×FLASH" in head and "×CUDNN-FP8" in head and "×EFFICIENT" not in head
     assert {line.count("|") for line in table} == {len(head) + 1}
-    cells = dict(zip(head, (c.strip() for c in table[-1].strip("|").split("|"))))
+    fwd_bwd = table[2 + attention.MODES.index("fwd+bwd")]
+    cells = dict(zip(head, (c.strip() for c in fwd_bwd.strip("|").split("|"))))
     assert cells["FA4 ms"] == "not installed" and cells["CUDNN-FP8 ms"] == "unsupported"
     assert cells["SageBwd block ×FLASH"] == "2.00" and cells["×FA4"] == "n/a"
     assert cells[head[-1]] == "426 / 426 / 516 / 388 / n/a / n/a"
     assert "FA4      not installed" in attention._format_row(rows[0])
+    graph_row = [c.strip() for c in table[-1].strip("|").split("|")]
+    assert graph_row[2] == "fwd+bwd graph" and graph_row[-1] == ""   # peak memory: the fwd+bwd row's only
 
 
 # ---------------------------------------------------------------------------------------------

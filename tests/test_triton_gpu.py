@@ -379,6 +379,25 @@ def test_cuda_graph_replay_matches_eager(quant):
     assert all(r["compiled_identical"] for r in rows)
 
 
+@pytest.mark.parametrize("impl", ["sage", "sage-token"])
+def test_the_benchmarks_replayed_fwd_bwd_writes_the_eager_gradients(impl):
+    """The benchmark's "fwd+bwd graph" rows time a whole fwd+bwd: its replayed graph writes the gradients that
+    the eager step writes, bit for bit (the token contract's side stream included)."""
+    from benchmarks import attention as bench
+    from benchmarks.baselines import AutogradRunner
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = [torch.randn(1, 2, 512, 64, device="cuda", generator=gen).bfloat16() for _ in range(4)]
+    runner = AutogradRunner(bench.attention_fn(impl, True), q, k, v, do)
+    runner.step()
+    eager = [t.grad.clone() for t in runner.leaves]
+    replay = bench.replayed(runner.step, runner.leaves)
+    for t in runner.leaves:
+        t.grad.zero_()
+    replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(t.grad, g) for t, g in zip(runner.leaves, eager))
+
+
 @pytest.mark.parametrize("quant", ["block", "token"])
 @pytest.mark.parametrize("layout", ["contiguous", "model"])
 def test_backward_allocates_only_the_gradients_and_the_quantised_do(layout, quant):

@@ -10,6 +10,16 @@
 #           launch failure", which poisons the process's CUDA context) and its A/B stopped there.
 #   call 2: run("bash docs/measurements/gpu-calls-h200-1128l.sh pairs", carry=[".whl", ".cache"])
 #   call 3: run("bash docs/measurements/gpu-calls-h200-1128l.sh graph")
+#   call 4: run("bash docs/measurements/gpu-calls-h200-1128l.sh ab ab-token-fp8-pv-probe-h200-1128l") on branch
+#           fp8-pv-probe (the token forward's P V in FP8 e4m3, timing only: V^'s bytes read as e4m3;
+#           probe-token-forward-fp8-pv.patch), .gpu/basefiles = main's forward.py
+#   call 5: run("bash docs/measurements/gpu-calls-h200-1128l.sh gfwd ab-token-gluon-forward-h200-1128l") on branch
+#           gluon-token-fwd (the experimental Gluon forward for the token contract at d=64)
+#   call 6: run("bash docs/measurements/gpu-calls-h200-1128l.sh debug") on main, .gpu/trialfiles as in call 1
+#           (as it ran, the trial's runs lacked PYTHONPATH, since added; the forward's caps ran); call 7: `debug no-tiles`;
+#           call 8: `debug no-tiles 1024` (compute-sanitizer on the failing size)
+#   call 9: run("bash docs/measurements/gpu-calls-h200-1128l.sh trial-ab ab-token-defer-dk-smem-h200-1128l") on branch
+#           defer-dk-smem (trial-token-dkdv-defer-dk-smem.patch: the deferred dK product with dS^T from shared memory)
 set -u
 trial_tree() {   # /tmp/trial: the checkout with .gpu/trialfiles over it
   rm -rf /tmp/trial && mkdir -p /tmp/trial && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/trial/ \
@@ -48,5 +58,48 @@ case "${1:-}" in
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py -k replayed 2>&1 | tail -2
     timeout 420 python3 -m benchmarks.attention --baselines CUDNN \
       --shapes 8,16,4096,64 8,8,4096,128 4,12,4096,64 --json "$OUT/bench-graph-h200-1128l.json" 2>&1 | tail -40 ;;
-  *) echo "usage: bash $0 check|pairs|graph" >&2; exit 2 ;;
+  ab)   # call 4: a kernel A/B, HEAD = the checkout (a probe branch), BASE = the checkout with .gpu/basefiles over it
+    # (the files the probe changes, as main has them); OUT name: $2
+    rm -rf /tmp/base && mkdir -p /tmp/base && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/base/ \
+      && cp -r .gpu/basefiles/. /tmp/base/
+    timeout 400 python3 -m benchmarks.ab /tmp/base --rounds 2 --json "$OUT/$2.json" \
+      -- --no-bench --quant token --kernel-times --kernel-shapes 8,16,4096,64 4,12,4096,64 8,8,4096,128 \
+      --kernel-masks causal full | tail -40 ;;
+  gfwd)   # call 5, branch gluon-token-fwd: the experimental Gluon token forward's GPU test, then a kernel A/B
+    # against the Triton forward (BASE = the checkout, HEAD = the checkout with the Gluon forward the token default)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py -k "token_gluon_forward" 2>&1 \
+      | tail -4
+    rm -rf /tmp/gl && mkdir -p /tmp/gl && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/gl/ \
+      && sed -i 's/("sm90", 64, "forward", "token"): Row("triton", ("gluon",)/("sm90", 64, "forward", "token"): Row("gluon", ("triton",)/' \
+        /tmp/gl/sagebwd/triton/registry.py && grep -c 'Row("gluon", ("triton",)' /tmp/gl/sagebwd/triton/registry.py
+    timeout 330 python3 -m benchmarks.ab "$PWD" --head /tmp/gl --rounds 2 --json "$OUT/$2.json" \
+      -- --no-bench --quant token --kernel-times --kernel-shapes 8,16,4096,64 4,12,4096,64 \
+      --kernel-masks causal full | tail -30 ;;
+  debug)   # call 6: where the defer-dk trial (.gpu/trialfiles) fails, on one small call under compute-sanitizer;
+    # then the token forward's register caps on this tree (benchmarks.forward_tiles: 4, 3 or 2 programs an SM)
+    trial_tree
+    cat > /tmp/one.py <<'PY'
+import sys, torch
+from sagebwd.triton import attention
+shape, causal = (1, 2, int(sys.argv[1]), 64), sys.argv[2] == "causal"
+q, k, v, do = [torch.randn(*shape, device="cuda").bfloat16() for _ in range(4)]
+q, k, v = [t.requires_grad_() for t in (q, k, v)]
+o = attention(q, k, v, causal, True, False, 128, 64, "token")
+g = torch.autograd.grad(o, (q, k, v), do)
+torch.cuda.synchronize()
+print(shape, causal, "ok", [float(t.float().norm()) for t in g])
+PY
+    for c in "256 full" "256 causal" "1024 causal"; do
+      (cd /tmp/trial && PYTHONPATH=/tmp/trial CUDA_LAUNCH_BLOCKING=1 timeout 60 python3 /tmp/one.py $c 2>&1 | tail -3)
+    done
+    (cd /tmp/trial && PYTHONPATH=/tmp/trial timeout 150 /usr/local/cuda/bin/compute-sanitizer --tool memcheck \
+      --print-limit 5 python3 /tmp/one.py ${3:-256} causal 2>&1 | grep -v "^=========     Host Frame" | head -40)
+    [ "${2:-}" = no-tiles ] || timeout 150 python3 -m benchmarks.forward_tiles --shapes 8,16,4096,64 4,12,4096,64 \
+      --json "$OUT/forward-tiles-h200-1128l.json" 2>&1 | tail -16 ;;
+  trial-ab)   # call 9, branch defer-dk-smem: the trial's token dK/dV tests, then `ab NAME` (.gpu/basefiles: main's
+    # dkdv_hopper.py and dkdv_ws_hopper.py)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
+      -k "token_gluon_dkdv_matches or (matches_simulation and token and 64) or two_streams" 2>&1 | tail -4
+    bash "$0" ab "$2" ;;
+  *) echo "usage: bash $0 check|pairs|graph|ab NAME|gfwd NAME|debug|trial-ab NAME" >&2; exit 2 ;;
 esac

@@ -32,16 +32,20 @@ case "${1:-}" in
       -- --quant token --baselines CUDNN --shapes 8,16,4096,64 8,8,4096,128 --kernel-times | tail -45
     timeout 150 python3 -m benchmarks.preprocess --shapes 8,16,4096,64 8,8,4096,128 4,12,4096,64 --quant token block \
       --warps 4 8 16 --json "$OUT/preprocess-h200-1128k.json" | tail -30 ;;
-  tests)   # the token GPU suite in two processes; logs gpu-tests-NAME-{1,2}.txt (NAME: $2, else fwd16)
+  tests)   # the token GPU suite in two processes; logs gpu-tests-NAME-{1,2}.txt (NAME: $2, else fwd16); a later
+    # session's selection through TESTS_FILES, TESTS_K and TESTS_TIMEOUT (gpu-calls-h200-1128l.sh check)
     name=${2:-fwd16}
-    python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_triton_gpu.py \
-      -k "token or compiled_model or cuda_graph or direct_launches or programmatic or sections or allocates_only" \
+    python3 -m pytest --collect-only -q -p no:cacheprovider ${TESTS_FILES:-tests/test_triton_gpu.py} \
+      -k "${TESTS_K:-token or compiled_model or cuda_graph or direct_launches or programmatic or sections \
+or allocates_only}" \
       2>/dev/null | grep "::" > /tmp/ids; wc -l < /tmp/ids
     awk 'NR%2==1' /tmp/ids > /tmp/h1; awk 'NR%2==0' /tmp/ids > /tmp/h2
     mapfile -t A < /tmp/h1; mapfile -t B < /tmp/h2
-    (timeout 540 python3 -m pytest -q -p no:cacheprovider "${A[@]}" > "$OUT/gpu-tests-$name-1.txt" 2>&1
+    (timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider "${A[@]}" \
+       > "$OUT/gpu-tests-$name-1.txt" 2>&1
      echo "rc $?" >> "$OUT/gpu-tests-$name-1.txt") &
-    (timeout 540 python3 -m pytest -q -p no:cacheprovider "${B[@]}" > "$OUT/gpu-tests-$name-2.txt" 2>&1
+    (timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider "${B[@]}" \
+       > "$OUT/gpu-tests-$name-2.txt" 2>&1
      echo "rc $?" >> "$OUT/gpu-tests-$name-2.txt") &
     wait
     tail -n 2 "$OUT"/gpu-tests-$name-*.txt; grep -h "^FAILED\|^ERROR" "$OUT"/gpu-tests-$name-*.txt | head ;;

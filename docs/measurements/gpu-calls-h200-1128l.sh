@@ -1,7 +1,8 @@
 # The twenty-second session's device calls (H200, 2026-11-28/29), run from the repository root on a071482 and after.
 #   prepare (local, with git):  .gpu/trialfiles = the files a trial changes, as the trial has them, e.g.
 #     git apply docs/measurements/trial-token-dkdv-defer-dk16.patch && mkdir -p .gpu/trialfiles/sagebwd/triton \
-#       && cp sagebwd/triton/dkdv_hopper.py .gpu/trialfiles/sagebwd/triton/ && git checkout sagebwd/triton/dkdv_hopper.py
+#       && cp sagebwd/triton/dkdv_hopper.py .gpu/trialfiles/sagebwd/triton/ \
+#       && git checkout sagebwd/triton/dkdv_hopper.py
 #   call 1: run("bash docs/measurements/gpu-calls-h200-1128l.sh check")
 #           the GPU tests that run the registry's defaults (the token dQ's gluon-ws2 default of 999cfc8 had not run
 #           under them), the fwd+bwd table of both contracts, and the trial in .gpu/trialfiles (defer-dk): its
@@ -16,7 +17,8 @@
 #   call 5: run("bash docs/measurements/gpu-calls-h200-1128l.sh gfwd ab-token-gluon-forward-h200-1128l") on branch
 #           gluon-token-fwd (the experimental Gluon forward for the token contract at d=64)
 #   call 6: run("bash docs/measurements/gpu-calls-h200-1128l.sh debug") on main, .gpu/trialfiles as in call 1
-#           (as it ran, the trial's runs lacked PYTHONPATH, since added; the forward's caps ran); call 7: `debug no-tiles`;
+#           (as it ran, the trial's runs lacked PYTHONPATH, since added; the forward's caps ran);
+#           call 7: `debug no-tiles`;
 #           call 8: `debug no-tiles 1024` (compute-sanitizer on the failing size)
 #   call 9: run("bash docs/measurements/gpu-calls-h200-1128l.sh trial-ab ab-token-defer-dk-smem-h200-1128l") on branch
 #           defer-dk-smem (trial-token-dkdv-defer-dk-smem.patch: the deferred dK product with dS^T from shared memory)
@@ -27,18 +29,10 @@ trial_tree() {   # /tmp/trial: the checkout with .gpu/trialfiles over it
 }
 case "${1:-}" in
   check)
-    python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_triton_gpu.py tests/test_host_profile.py -k \
-      "compiled_model or cuda_graph or direct_launches or programmatic or sections or allocates_only or two_streams \
-       or (matches_simulation and token and not gluon) or launch_costs" 2>/dev/null | grep "::" > /tmp/ids
-    wc -l < /tmp/ids
-    awk 'NR%2==1' /tmp/ids > /tmp/h1; awk 'NR%2==0' /tmp/ids > /tmp/h2
-    mapfile -t A < /tmp/h1; mapfile -t B < /tmp/h2
-    (timeout 300 python3 -m pytest -q -p no:cacheprovider "${A[@]}" > "$OUT/gpu-tests-defaults-1.txt" 2>&1
-     echo "rc $?" >> "$OUT/gpu-tests-defaults-1.txt") &
-    (timeout 300 python3 -m pytest -q -p no:cacheprovider "${B[@]}" > "$OUT/gpu-tests-defaults-2.txt" 2>&1
-     echo "rc $?" >> "$OUT/gpu-tests-defaults-2.txt") &
-    wait
-    tail -n 2 "$OUT"/gpu-tests-defaults-*.txt; grep -h "^FAILED\|^ERROR" "$OUT"/gpu-tests-defaults-*.txt | head
+    TESTS_FILES="tests/test_triton_gpu.py tests/test_host_profile.py" TESTS_TIMEOUT=300 TESTS_K="compiled_model \
+      or cuda_graph or direct_launches or programmatic or sections or allocates_only or two_streams \
+      or (matches_simulation and token and not gluon) or launch_costs" \
+      bash docs/measurements/gpu-calls-h200-1128k.sh tests defaults
     timeout 150 python3 -m benchmarks.attention --baselines CUDNN --kernel-times \
       --kernel-shapes 8,16,4096,64 8,8,4096,128 --shapes 8,16,4096,64 8,8,4096,128 \
       --json "$OUT/bench-h200-1128l.json" 2>&1 | tail -30
@@ -70,7 +64,7 @@ case "${1:-}" in
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py -k "token_gluon_forward" 2>&1 \
       | tail -4
     rm -rf /tmp/gl && mkdir -p /tmp/gl && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/gl/ \
-      && sed -i 's/("sm90", 64, "forward", "token"): Row("triton", ("gluon",)/("sm90", 64, "forward", "token"): Row("gluon", ("triton",)/' \
+      && sed -i 's/\(("sm90", 64, "forward", "token"): Row(\)"triton", ("gluon",)/\1"gluon", ("triton",)/' \
         /tmp/gl/sagebwd/triton/registry.py && grep -c 'Row("gluon", ("triton",)' /tmp/gl/sagebwd/triton/registry.py
     timeout 330 python3 -m benchmarks.ab "$PWD" --head /tmp/gl --rounds 2 --json "$OUT/$2.json" \
       -- --no-bench --quant token --kernel-times --kernel-shapes 8,16,4096,64 4,12,4096,64 \

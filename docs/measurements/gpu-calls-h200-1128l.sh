@@ -22,6 +22,8 @@
 #           call 8: `debug no-tiles 1024` (compute-sanitizer on the failing size)
 #   call 9: run("bash docs/measurements/gpu-calls-h200-1128l.sh trial-ab ab-token-defer-dk-smem-h200-1128l") on branch
 #           defer-dk-smem (trial-token-dkdv-defer-dk-smem.patch: the deferred dK product with dS^T from shared memory)
+#   call 10: run("bash docs/measurements/gpu-calls-h200-1128l.sh source-fwd ncu-source-token-d64-fp8-pv-probe-h200-1128l")
+#           on branch fp8-pv-probe (the calls script as on main)
 set -u
 trial_tree() {   # /tmp/trial: the checkout with .gpu/trialfiles over it
   rm -rf /tmp/trial && mkdir -p /tmp/trial && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/trial/ \
@@ -95,5 +97,13 @@ PY
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
       -k "token_gluon_dkdv_matches or (matches_simulation and token and 64) or two_streams" 2>&1 | tail -4
     bash "$0" ab "$2" ;;
-  *) echo "usage: bash $0 check|pairs|graph|ab NAME|gfwd NAME|debug|trial-ab NAME" >&2; exit 2 ;;
+  source-fwd)   # call 10, branch fp8-pv-probe: warp stalls per SASS instruction of the token forward, d=64 causal
+    # (the base's: ncu-source-token-d64-_forward_kernel-h200-1128k.csv.gz, its forward unchanged since); OUT name: $2
+    timeout 200 /usr/local/cuda/bin/ncu --clock-control none --section SourceCounters --section WarpStateStats \
+      --kernel-name _forward_kernel --launch-count 1 -o /tmp/fwd python3 -m benchmarks.attention --once \
+      --quant token --shapes 8,16,4096,64 > /dev/null 2>&1; echo "ncu rc $?"
+    /usr/local/cuda/bin/ncu -i /tmp/fwd.ncu-rep --page source --csv --print-source sass > /tmp/fwd.csv
+    gzip -c /tmp/fwd.csv > "$OUT/$2.csv.gz"
+    python3 -m tools.ncu_source /tmp/fwd.csv --top 12 | head -60 ;;
+  *) echo "usage: bash $0 check|pairs|graph|ab NAME|gfwd NAME|debug|trial-ab NAME|source-fwd NAME" >&2; exit 2 ;;
 esac

@@ -47,7 +47,7 @@ case "${1:-}" in
   pairs)   # call 2 (carry .whl, .cache): two trainer pairs on this tree (the token dQ's gluon-ws2 default)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:$PWD MLFLOW_DISABLE_TELEMETRY=true
-    timeout 560 python3 -m benchmarks.pairs --pairs 2 --json "$OUT/trainer-pairs-h200-1128l.json" -- --case \
+    timeout 560 python3 -m benchmarks.pairs --pairs 2 --json "$OUT/${2:-trainer-pairs-h200-1128l}.json" -- --case \
       experiments/configs/gpu-124m.yaml@4096x4 --loss chunked --steps 20 --engine deepspeed \
       --compile reduce-overhead 2>&1 | tail -15 ;;
   graph)   # call 3: the benchmark's "fwd+bwd graph" rows (its test first), both contracts against CUDNN

@@ -138,25 +138,6 @@ def time_impl(impl: str, shape, causal: bool, mode: str, tuning=None) -> dict:
     return cell
 
 
-def replayed(step, leaves=()):
-    """graph.replay of a CUDA graph holding one call of step (warmed up on a side stream, as torch.cuda.graphs
-    asks; the leaves' .grad reset first, so the captured backward writes them afresh)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            for t in leaves:
-                t.grad = None
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    for t in leaves:
-        t.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
-
-
 def time_runner(runner, shape, causal: bool, mode: str, catch=(RuntimeError,)) -> dict:
     """Time one mode of a runner (benchmarks/baselines.py: forward(), backward_step(), step()):
     fwd is a forward without grad, bwd the backward of a kept forward, fwd+bwd the two, "fwd+bwd graph" the two
@@ -171,7 +152,7 @@ def time_runner(runner, shape, causal: bool, mode: str, catch=(RuntimeError,)) -
         elif mode == "fwd+bwd graph":
             if not isinstance(runner, baselines.AutogradRunner):   # cuDNN FP8's graphs run on their handle's stream
                 return baselines.failed_cell(NotImplementedError(f"{type(runner).__name__} is not captured"))
-            ms = triton.testing.do_bench(replayed(runner.step, grads), return_mode="median")
+            ms = triton.testing.do_bench(captured(runner.step, grads)[0].replay, return_mode="median")
         else:
             ms = triton.testing.do_bench(runner.step, grad_to_none=grads, return_mode="median")
     except catch as err:   # e.g. a backend that does not take this shape
@@ -326,8 +307,8 @@ def markdown_table(rows) -> str:
 # correctness at real sizes
 
 
-from tests.kernel_checks import (DQ_RERUN_TOLERANCE, TOLERANCE, check_case, cpu as _cpu,  # noqa: E402,F401
-                                 rel as _rel, simulate_on_cpu)
+from tests.kernel_checks import (DQ_RERUN_TOLERANCE, TOLERANCE, captured, check_case,  # noqa: E402,F401
+                                 cpu as _cpu, rel as _rel, simulate_on_cpu)
 
 
 def sigma_case(sigma: float, causal: bool, seq=1024, head_dim=64, heads=4, quant="block") -> dict:

@@ -4,7 +4,8 @@
 the simulation's outputs cast to the same dtype), every output element written (the allocator's
 cache is poisoned with NaN first) and reruns bit-identical. ``graph_and_compiled``: one causal
 fwd+bwd eagerly, under torch.compile and replayed from a CUDA graph, with whether the outputs agree
-bit for bit. ``python -m benchmarks.attention --check`` runs them at larger sizes.
+bit for bit (``captured``: the capture, which the benchmark's replayed rows use too). ``python -m
+benchmarks.attention --check`` runs them at larger sizes.
 """
 from __future__ import annotations
 
@@ -85,6 +86,26 @@ def check_case(shape, dtype, causal: bool, smooth_q: bool, block_q=128, block_kv
                                 for name, d in zip(("o", "dq", "dk", "dv"), rerun_diff))}
 
 
+def captured(step, leaves=()):
+    """(graph, outputs): one call of step captured in a CUDA graph, after three warm-up calls on a side stream (as
+    torch.cuda.graphs asks); the leaves' .grad reset before each call, so that a captured backward writes them
+    afresh. graph.replay() reruns the call into the same outputs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            for t in leaves:
+                t.grad = None
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    for t in leaves:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
 def graph_and_compiled(shape, kernels="default", quant="block") -> dict:
     """One causal fwd+bwd of SageBwd eagerly (`step`), under torch.compile (`compiled_step`: the
     registered custom ops) and captured in a CUDA graph (`graph`), on the same inputs; `identical`
@@ -109,15 +130,7 @@ def graph_and_compiled(shape, kernels="default", quant="block") -> dict:
         o = compiled_fn(q, k, v)
         return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
     compiled_out = [t.clone() for t in compiled_step()]
-    side = torch.cuda.Stream()   # warm-up off the default stream, as torch.cuda.graphs asks
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        graph_out = step()
+    graph, graph_out = captured(step)
     graph.replay()
     torch.cuda.synchronize()
     return {"step": step, "compiled_step": compiled_step, "graph": graph,

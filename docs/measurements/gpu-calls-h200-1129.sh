@@ -1,0 +1,71 @@
+# The twenty-third session's device calls (H200, 2026-11-29), run from the repository root.
+#   call 1: run("bash docs/measurements/gpu-calls-h200-1129.sh halves ab-token-forward-halves-h200-1129") after
+#           `git apply docs/measurements/probe-token-forward-halves.patch` (the d=64 token forward's S as two
+#           64-key products, so the row max and sum run as two chains a row), with
+#           .gpu/basefiles/sagebwd/triton/forward.py = main's: the token GPU tests and the CUDA-graph ones
+#           (kernel_checks.captured, moved in the twenty-second session and not run on a GPU since), a kernel A/B
+#           against main's forward, and the register caps of the probe's forward
+#   call 2: run("bash docs/measurements/gpu-calls-h200-1129.sh pv16 pv16-probe-h200-1129") after
+#           `git apply docs/measurements/probe-token-forward-pv16.patch` (the d=64 token forward's P V in bf16, V
+#           itself, P against the running max, accumulating into O as FlashAttention does): O's error against fp32
+#           SDPA and the forward kernel's time at register caps and pipeline depths, against the INT8 P V forward
+#           in the same process (docs/measurements/pv16-sweep.py; it ran as .gpu/pv16_sweep.py, the same code)
+#   call 3: run("bash docs/measurements/gpu-calls-h200-1129.sh pv16-keys pv16-keys-probe-h200-1129") with the
+#           same patch (its SAGEBWD_PROBE_KEYS sets the tile): the bf16-P V forward over 64-key tiles (no P
+#           quantisation tile binds it to 128), at caps that fit 4-5 programs an SM
+#           (docs/measurements/pv16-keys.py; it ran as .gpu/pv16_keys.py)
+#   call 4: run("bash docs/measurements/gpu-calls-h200-1129.sh profile", carry=[".whl", ".cache"]) on main, with
+#           .gpu/trialfiles = trial-token-dkdv-defer-dk16.patch's dkdv_hopper.py (prepared as the twenty-second
+#           session's calls script says): where the deferred dK product's race begins (seq 384-768, one process
+#           each), then one training step's kernels with FPA and with token (launcher.profile_step, the trainer's
+#           gpu-124m at seq 4096 x 4, compiled and replayed), as the sixteenth session profiled them
+#   call 5: run("bash docs/measurements/gpu-calls-h200-1128l.sh pairs trainer-pairs-h200-1129",
+#           carry=[".whl", ".cache"]) on main (its kernels unchanged since the twenty-second session's two pairs)
+set -u
+trial_tree() {   # /tmp/trial: the checkout with .gpu/trialfiles over it
+  rm -rf /tmp/trial && mkdir -p /tmp/trial && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/trial/ \
+    && cp -r .gpu/trialfiles/. /tmp/trial/
+}
+base_tree() {   # /tmp/base: the checkout with .gpu/basefiles (the files a probe changes, as main has them) over it
+  rm -rf /tmp/base && mkdir -p /tmp/base && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/base/ \
+    && cp -r .gpu/basefiles/. /tmp/base/
+}
+case "${1:-}" in
+  halves)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
+      -k "(matches_simulation and token and not gluon) or replayed or cuda_graph" 2>&1 | tail -4
+    base_tree
+    timeout 260 python3 -m benchmarks.ab /tmp/base --rounds 2 --json "$OUT/$2.json" \
+      -- --no-bench --quant token --kernel-times --kernel-shapes 8,16,4096,64 4,12,4096,64 \
+      --kernel-masks causal full | tail -24
+    timeout 150 python3 -m benchmarks.forward_tiles --shapes 8,16,4096,64 4,12,4096,64 \
+      --json "$OUT/forward-tiles-halves-h200-1129.json" 2>&1 | tail -16 ;;
+  pv16)
+    PYTHONPATH=$PWD timeout 500 python3 docs/measurements/pv16-sweep.py "$2" 2>&1 | grep -v Warn | tail -30 ;;
+  pv16-keys)
+    PYTHONPATH=$PWD timeout 500 python3 docs/measurements/pv16-keys.py "$2" 2>&1 | grep -v Warn | tail -34 ;;
+  profile)
+    trial_tree
+    for n in 384 512 640 768; do
+      (cd /tmp/trial && PYTHONPATH=/tmp/trial timeout 60 python3 -c "
+import torch
+from sagebwd.triton import attention
+q, k, v, do = [torch.randn(1, 2, $n, 64, device='cuda').bfloat16() for _ in range(4)]
+q, k, v = [t.requires_grad_() for t in (q, k, v)]
+o = attention(q, k, v, True, True, False, 128, 64, 'token')
+torch.autograd.grad(o, (q, k, v), do)
+torch.cuda.synchronize()
+print('seq $n: ok')" 2>&1 | tail -1)
+    done
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD MLFLOW_DISABLE_TELEMETRY=true
+    for att in fpa token; do
+      if [ $att = fpa ]; then sets="--set model.attention=fpa"; else
+        sets="--set model.attention=sagebwd --set model.smoothing=k --set model.quant=token"; fi
+      timeout 200 python3 -m launcher.profile_step --config experiments/configs/gpu-124m.yaml --set model.seq_len=4096 \
+        --set train.micro_batch_size=4 $sets --compile reduce-overhead --steps 5 --top 45 \
+        > "$OUT/profile-step-h200-1129-$att.txt" 2>&1
+      grep -v Warn "$OUT/profile-step-h200-1129-$att.txt" | head -14
+    done ;;
+  *) echo "usage: bash $0 halves NAME|pv16 NAME|pv16-keys NAME|profile" >&2; exit 2 ;;
+esac

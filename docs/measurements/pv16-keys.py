@@ -1,0 +1,35 @@
+"""PROBE: the bf16-P V token forward over 64-key tiles, at caps that fit 4-6 programs an SM
+(`git apply docs/measurements/probe-token-forward-pv16.patch` first)."""
+import os, sys, json
+import torch
+from benchmarks.attention import profiled_ms
+from sagebwd.triton import attention
+from sagebwd.triton.launch import Tuning
+
+rows = []
+for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64)]:
+    torch.manual_seed(0)
+    q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    for causal in (True, False):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        for pv16, keys, settings in [(0, 128, {}), (1, 128, {}), (1, 64, {"maxnreg": 168, "num_stages": 3}),
+                                     (1, 64, {"maxnreg": 128, "num_stages": 3}),
+                                     (1, 64, {"maxnreg": 128, "num_stages": 2}),
+                                     (1, 64, {"maxnreg": 104, "num_stages": 3}),
+                                     (1, 64, {"maxnreg": 96, "num_stages": 2}),
+                                     (1, 64, {"maxnreg": 128, "num_stages": 4})]:
+            os.environ["SAGEBWD_PROBE_PV16"] = str(pv16)
+            os.environ["SAGEBWD_PROBE_KEYS"] = str(keys)
+            tuning = Tuning(overrides={"forward": settings} if settings else {})
+            def call():
+                return attention(q, k, v, causal, True, False, 128, 64, "token", tuning=tuning)
+            with torch.no_grad():
+                o = call()
+                err = float((o.float() - ref).norm() / ref.norm())
+                ms = profiled_ms(call, 10, warmup=3)
+            fwd = next(t for name, t in ms.items() if "_forward_kernel" in name)
+            rows.append(dict(shape=shape, causal=causal, pv16=pv16, keys=keys, settings=settings, forward_ms=fwd,
+                             o_rel_l2=err))
+            print(f"{shape} {'causal' if causal else 'full':6s} pv16={pv16} keys={keys} {json.dumps(settings):40s} "
+                  f"fwd {fwd:.4f} ms  O rel-L2 {err:.5f}", flush=True)
+json.dump(rows, open(os.path.join(os.environ.get("OUT", "/tmp"), sys.argv[1] + ".json"), "w"), indent=1)

@@ -196,11 +196,10 @@ def _pair_product(dq, y_a, y_b, k16_pair, op_layout: gl.constexpr, KV_ROWS: gl.c
 
 
 @gluon.jit
-def _product_done(dq_tok, empty, refill, STAGES: gl.constexpr, WS: gl.constexpr, HALF: gl.constexpr,
-                  IN_FLIGHT: gl.constexpr):
-    """dq once the previous pair's product is done (IN_FLIGHT later groups may still run); WS: the ring slot it
-    read (pair u-1's) is then freed, in all warps after the barrier."""
-    dq = warpgroup_mma_wait(IN_FLIGHT, deps=[dq_tok])
+def _product_done(dq_tok, empty, refill, STAGES: gl.constexpr, WS: gl.constexpr, HALF: gl.constexpr):
+    """dq once the previous pair's product is done (the one group issued after it may still run); WS: the ring
+    slot it read (pair u-1's) is then freed, in all warps after the barrier."""
+    dq = warpgroup_mma_wait(1, deps=[dq_tok])
     if WS:
         if HALF < 0:
             _cta_barrier()
@@ -248,7 +247,7 @@ def _tile_token(j, dq, y_a, y_b, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_ti
     if PRODUCT and S_FIRST:
         dq_tok = _pair_product(dq, y_a, y_b, kt_prev, op_layout, KV_ROWS, HEAD_DIM)
     if PRODUCT and not S_FIRST:
-        dq = _product_done(dq_tok, empty, refill, STAGES, WS, HALF, 1)
+        dq = _product_done(dq_tok, empty, refill, STAGES, WS, HALF)
     dp_tok = warpgroup_mma(do_smem, v_tile.permute((1, 0)), gl.zeros([Q_ROWS, KV_ROWS], gl.float32, dp_layout),
                            use_acc=False, is_async=True)
     if HALF >= 0:
@@ -260,7 +259,7 @@ def _tile_token(j, dq, y_a, y_b, kt_prev, q_smem, do_smem, k_tile, v_tile, sk_ti
         offs_n = j * KV_ROWS + gl.arange(0, KV_ROWS, layout=gl.SliceLayout(0, s_layout))
         p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
     if PRODUCT and S_FIRST:
-        dq = _product_done(dq_tok, empty, refill, STAGES, WS, HALF, 1)
+        dq = _product_done(dq_tok, empty, refill, STAGES, WS, HALF)
     dp = warpgroup_mma_wait(0, deps=[dp_tok])
     return dq, p * (gl.convert_layout(dp, s_layout) - delta[:, None])   # dS
 

@@ -21,6 +21,12 @@
 #           gpu-124m at seq 4096 x 4, compiled and replayed), as the sixteenth session profiled them
 #   call 5: run("bash docs/measurements/gpu-calls-h200-1128l.sh pairs trainer-pairs-h200-1129",
 #           carry=[".whl", ".cache"]) on main (its kernels unchanged since the twenty-second session's two pairs)
+#   call 6: run("bash docs/measurements/gpu-calls-h200-1129.sh defer-b ab-token-defer-dk16-unpeeled-h200-1129") on main,
+#           with .gpu/trialfiles as in call 4 and .gpu/trialfiles-b = trial-token-dkdv-defer-dk16-unpeeled.patch's
+#           dkdv_hopper.py (the deferred dK product outside the peeled diagonal block only: that block waits for
+#           its own product and frees its own ring entry): the first trial without the mask at 512 and 1024, the
+#           variant causal at 384-1024 and full at 1024; if the variant passes them, its token dK/dV GPU tests and
+#           a kernel A/B against main
 set -u
 trial_tree() {   # /tmp/trial: the checkout with .gpu/trialfiles over it
   rm -rf /tmp/trial && mkdir -p /tmp/trial && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/trial/ \
@@ -67,5 +73,31 @@ print('seq $n: ok')" 2>&1 | tail -1)
         > "$OUT/profile-step-h200-1129-$att.txt" 2>&1
       grep -v Warn "$OUT/profile-step-h200-1129-$att.txt" | head -14
     done ;;
-  *) echo "usage: bash $0 halves NAME|pv16 NAME|pv16-keys NAME|profile" >&2; exit 2 ;;
+  defer-b)
+    one() {   # one small fwd+bwd of the tree $1 (mask $2, seq $3) in its own process
+      (cd "$1" && PYTHONPATH="$1" timeout 60 python3 -c "
+import torch
+from sagebwd.triton import attention
+q, k, v, do = [torch.randn(1, 2, $3, 64, device='cuda').bfloat16() for _ in range(4)]
+q, k, v = [t.requires_grad_() for t in (q, k, v)]
+o = attention(q, k, v, '$2' == 'causal', True, False, 128, 64, 'token')
+torch.autograd.grad(o, (q, k, v), do)
+torch.cuda.synchronize()
+print('$1 $2 seq $3: ok')" 2>&1 | tail -1)
+    }
+    trial_tree
+    one /tmp/trial full 512; one /tmp/trial full 1024
+    rm -rf /tmp/trialb && mkdir -p /tmp/trialb && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/trialb/ \
+      && cp -r .gpu/trialfiles-b/. /tmp/trialb/
+    rm -f /tmp/b.log
+    for c in "causal 384" "causal 512" "causal 1024" "full 1024"; do
+      one /tmp/trialb $c | tee -a /tmp/b.log
+    done
+    [ "$(grep -c ': ok' /tmp/b.log)" = 4 ] || exit 0
+    (cd /tmp/trialb && timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
+      -k "token_gluon_dkdv or (matches_simulation and token and 64) or two_streams" 2>&1 | tail -4)
+    (cd /tmp/trialb && timeout 220 python3 -m benchmarks.ab "$OLDPWD" --rounds 2 --json "$OUT/$2.json" \
+      -- --no-bench --quant token --kernel-times --kernel-shapes 8,16,4096,64 4,12,4096,64 \
+      --kernel-masks causal full | grep -E "dkdv|all kernels") ;;
+  *) echo "usage: bash $0 halves NAME|pv16 NAME|pv16-keys NAME|profile|defer-b NAME" >&2; exit 2 ;;
 esac

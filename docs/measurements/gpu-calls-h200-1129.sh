@@ -27,6 +27,14 @@
 #           its own product and frees its own ring entry): the first trial without the mask at 512 and 1024, the
 #           variant causal at 384-1024 and full at 1024; if the variant passes them, its token dK/dV GPU tests and
 #           a kernel A/B against main
+#   call 7: run("bash docs/measurements/gpu-calls-h200-1129.sh defer-d") on main, .gpu/trialfiles as in call 4 and
+#           .gpu/trialfiles-d = the first trial without the warpgroup barrier before its in-loop release (a
+#           discriminator, not a fix: the arrive may then precede another warp's wait): causal 512, full 512 and
+#           1024; then the first trial under compute-sanitizer's racecheck, full 512. As it ran, `one` read an
+#           unset $5 under set -u, so only the racecheck ran (its hazard's lines cut by the tail); call 8: the
+#           same after the mend
+#   call 9: run("bash docs/measurements/gpu-calls-h200-1129.sh racecheck-main") on main: racecheck on main's
+#           kernels, full 512, to see whether its one hazard (Triton's warp-specialisation dispatch) is main's too
 set -u
 trial_tree() {   # /tmp/trial: the checkout with .gpu/trialfiles over it
   rm -rf /tmp/trial && mkdir -p /tmp/trial && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/trial/ \
@@ -99,5 +107,34 @@ print('$1 $2 seq $3: ok')" 2>&1 | tail -1)
     (cd /tmp/trialb && timeout 220 python3 -m benchmarks.ab "$OLDPWD" --rounds 2 --json "$OUT/$2.json" \
       -- --no-bench --quant token --kernel-times --kernel-shapes 8,16,4096,64 4,12,4096,64 \
       --kernel-masks causal full | grep -E "dkdv|all kernels") ;;
-  *) echo "usage: bash $0 halves NAME|pv16 NAME|pv16-keys NAME|profile|defer-b NAME" >&2; exit 2 ;;
+  defer-d)
+    one() {   # as in defer-b
+      (cd "$1" && PYTHONPATH="$1" timeout ${4:-60} ${5:-} python3 -c "
+import torch
+from sagebwd.triton import attention
+q, k, v, do = [torch.randn(1, 2, $3, 64, device='cuda').bfloat16() for _ in range(4)]
+q, k, v = [t.requires_grad_() for t in (q, k, v)]
+o = attention(q, k, v, '$2' == 'causal', True, False, 128, 64, 'token')
+torch.autograd.grad(o, (q, k, v), do)
+torch.cuda.synchronize()
+print('$1 $2 seq $3: ok')" > /tmp/one.log 2>&1; tail -1 /tmp/one.log)
+    }
+    rm -rf /tmp/triald && mkdir -p /tmp/triald && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/triald/ \
+      && cp -r .gpu/trialfiles-d/. /tmp/triald/
+    for c in "causal 512" "full 512" "full 1024"; do one /tmp/triald $c; done
+    trial_tree
+    one /tmp/trial full 512 200 "/usr/local/cuda/bin/compute-sanitizer --tool racecheck --print-limit 8"
+    grep -E "^=========" /tmp/one.log | grep -v "Host Frame" | head -40 ;;
+  racecheck-main)
+    (PYTHONPATH=$PWD timeout 200 /usr/local/cuda/bin/compute-sanitizer --tool racecheck --print-limit 8 python3 -c "
+import torch
+from sagebwd.triton import attention
+q, k, v, do = [torch.randn(1, 2, 512, 64, device='cuda').bfloat16() for _ in range(4)]
+q, k, v = [t.requires_grad_() for t in (q, k, v)]
+o = attention(q, k, v, False, True, False, 128, 64, 'token')
+torch.autograd.grad(o, (q, k, v), do)
+torch.cuda.synchronize()
+print('main full seq 512: ok')" 2>&1 | grep -E "^=========|: ok" | grep -v "Host Frame" | head -30) ;;
+  *) echo "usage: bash $0 halves NAME|pv16 NAME|pv16-keys NAME|profile|defer-b NAME|defer-d|racecheck-main" >&2
+     exit 2 ;;
 esac

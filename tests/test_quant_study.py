@@ -159,6 +159,35 @@ def test_p128_and_p128vc_match_a_direct_computation():
         assert torch.allclose(out[name]["o"], o, rtol=1e-4, atol=1e-6), name
 
 
+def test_r8_quantises_p_against_the_running_max():
+    """r8: P^ = round(127 exp(S - m_j)) with m_j the row's running max at 128-key tile j, V^ per channel, O =
+    sum_j exp(m_j - M) P^_j V^ / (127 l) with l from the float exponentials. Over one tile it is p128vc bit for
+    bit; over two causal tiles it is the direct computation and not p128vc (some rows' second tile has a lower
+    maximum than the first)."""
+    from sagebwd.simulate import forward, scores
+    q, k, v, do = gaussian_inputs(3.0, 1, 2, 128, 64, 0)
+    one = run_variants(q, k, v, do, SageConfig(causal=False, block_q=32, block_kv=16, quant="token"),
+                       ["p128vc", "r8"])
+    assert all(torch.equal(one["r8"][c], one["p128vc"][c]) for c in ("o", "dq", "dk", "dv"))
+    q, k, v, do = gaussian_inputs(3.0, 1, 2, 256, 64, 1)
+    cfg = SageConfig(causal=True, block_q=32, block_kv=16, quant="token")
+    _, saved = forward(q, k, v, cfg)
+    out = run_variants(q, k, v, do, cfg, ["p128vc", "r8"])
+    s = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, 64 ** -0.5)
+    tiles = s.reshape(1, 2, 256, 2, 128)
+    m = tiles.amax(dim=-1).cummax(dim=-1).values                   # (B, H, N, 2): finite (key 0 is seen)
+    p_hat = torch.round(127 * torch.exp(tiles - m.unsqueeze(-1)))
+    amax = v.abs().amax(dim=-2, keepdim=True)
+    v_deq = torch.round(v * (torch.full_like(amax, 127) / amax)) * (amax / 127)
+    big = m[..., -1:]
+    l = torch.exp(s - big).sum(dim=-1, keepdim=True)
+    o = torch.einsum("bhntk,bhtkd->bhnd", p_hat * torch.exp(m - big).unsqueeze(-1), v_deq.reshape(1, 2, 2, 128, 64))
+    assert torch.allclose(out["r8"]["o"], o / 127 / l, rtol=1e-4, atol=1e-6)
+    assert (tiles[..., 128:, 1, :].amax(dim=-1) < m[..., 128:, 0]).any()   # a row seeing both tiles whose tile 1
+    # has the lower maximum: its P^ there is taken against tile 0's
+    assert not torch.equal(out["r8"]["o"], out["p128vc"]["o"])
+
+
 def test_x64_and_x128_move_only_dq_and_x64_is_x128_per_kv_tile():
     """x128 (the INT8 X^ of the contract until the sixteenth session) and x64 (X per backward kv tile, until the
     ninth): only dQ and the dS it consumes move against a; with block_kv = 128 the kv tile is the key tile, so x64

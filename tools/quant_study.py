@@ -51,7 +51,12 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      after the product (as SageAttention2 does), so V's scale no longer bounds the tile a product
      may span.
   p128vc  both: P~ per 128-key tile and V per channel.
-  Not in the default list (``--variants a p128 vc p128vc``).
+  r8  as p128vc with P~ = exp(S - m_j) against the row's running maximum once 128-key tile j is reached
+     (the largest tile max of tiles 0..j, as an online softmax keeps it) instead of tile j's own maximum:
+     P^ = round(127 P~) needs no maximum beyond the online softmax's, and the INT8 products P^ V^ of the
+     tiles between two rises of m add in int32 with no weighting (V's scale is per channel). l from the
+     float P~. (A timing probe of that accumulation: docs/kernel-notes.md, "Twenty-third session".)
+  Not in the default list (``--variants a p128 vc p128vc r8``).
 
   x128  dQ = X^ K^ with X = dS s_K INT8 per (q token, 128-key tile, validate.key_tile): the token contract's dQ
      from 2026-11-27 (ninth session) until 2026-11-28 (sixteenth session), when dQ became a bf16 product of Y
@@ -146,6 +151,8 @@ VARIANTS = {
     "p128": "fwd P~V: P~ per (q token, 128-key tile), V per (128 x D) block",
     "vc": "fwd P~V: P~ per (q token, kv tile), V INT8 per channel over the sequence",
     "p128vc": "fwd P~V: P~ per (q token, 128-key tile), V INT8 per channel over the sequence",
+    "r8": "fwd P~V: P^ INT8 against the running max at each 128-key tile (no tile max), V INT8 per channel "
+          "over the sequence (P^ V^ summable in int32 across tiles)",
     "dpi8": "bwd dP = dO V^T in INT8: dO per q token, V per kv token",
     "dpf8": "bwd dP = dO V^T in FP8 e4m3: dO per q token, V per kv token (amax / 448)",
     "dpi8b": "bwd dP = dO V^T in INT8: dO per (block_q x D) block, V per kv token",
@@ -160,8 +167,10 @@ VARIANTS = {
 }
 DP_VARIANTS = ("dpi8", "dpf8", "dpi8b")
 WIDE_TILE = 128   # keys one INT8 product P^ V^ spans in p128 / p128vc
-# (P~ tile, None for block_kv; V per channel over the sequence instead of per tile block)
-WIDE_VARIANTS = {"p128": (WIDE_TILE, False), "vc": (None, True), "p128vc": (WIDE_TILE, True)}
+# (P~ tile, None for block_kv; V per channel over the sequence instead of per tile block; P~ against the running
+# max instead of the tile's)
+WIDE_VARIANTS = {"p128": (WIDE_TILE, False, False), "vc": (None, True, False), "p128vc": (WIDE_TILE, True, False),
+                 "r8": (WIDE_TILE, True, True)}
 DEFAULT_VARIANTS = ["a", "i8", "b", "c", "d", "e", "f"]
 COLUMNS = ("o", "dq", "dk", "dv", "ds")
 LABELS = {"o": "O", "dq": "dQ", "dk": "dK", "dv": "dV", "ds": "dS"}
@@ -259,11 +268,14 @@ def _quantized_sum_output(saved, cfg: SageConfig):
     return o.to(saved.v.dtype), row_max.squeeze(-1) + torch.log(l)
 
 
-def _tiled_pv_output(saved, cfg: SageConfig, tile: int, v_per_channel: bool):
+def _tiled_pv_output(saved, cfg: SageConfig, tile: int, v_per_channel: bool, running_max: bool = False):
     """(O, LSE) of the contract's forward (simulate.forward_quantized, op for op) with P~ quantised per
     (q token, ``tile``-key tile) and V either per (tile x D) block or INT8 per channel over the whole
     sequence, that channel's scale applied to O's column after the product (it is constant along the
-    reduction, so it leaves the sum). tile = block_kv with V per block is variant a's forward."""
+    reduction, so it leaves the sum). tile = block_kv with V per block is variant a's forward.
+    running_max: P~ = exp(S - m_j) with m_j the row's running max once tile j is reached (the maximum of
+    tiles 0..j) instead of tile j's own maximum: with V per channel, the products P^ V^ of tiles whose m_j
+    is the same add in int32 with no weighting between them (variant r8)."""
     b, h, n, d = saved.v.shape
     ct = compute_dtype(saved.v.dtype)
     sm_scale = 1.0 / math.sqrt(d)
@@ -275,6 +287,8 @@ def _tiled_pv_output(saved, cfg: SageConfig, tile: int, v_per_channel: bool):
     tn = n // tile
     s_tiles = s.reshape(b, h, n, tn, tile)
     t = s_tiles.amax(dim=-1)                        # max over the tile's unmasked keys, -inf if none
+    if running_max:   # finite from tile 0 on: no row has every key of the first tile masked
+        t = t.cummax(dim=-1).values
     t_safe = torch.where(torch.isfinite(t), t, torch.zeros_like(t))
     e = torch.exp(s_tiles - t_safe.unsqueeze(-1))
     if cfg.quantize:
@@ -469,8 +483,8 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
             (dq_g, dk_g, dv_g), inter_g = backward(saved_g, do, cfg, return_intermediates=True)
             out[name] = {"o": o_g, "dq": dq_g, "dk": dk_g, "dv": dv_g, "ds": inter_g.ds}
         elif name in WIDE_VARIANTS:   # the forward's O and LSE feed the contract's backward (block_kv kept)
-            tile, per_channel = WIDE_VARIANTS[name]
-            o_w, lse_w = _tiled_pv_output(saved, cfg, tile or cfg.block_kv, per_channel)
+            tile, per_channel, running_max = WIDE_VARIANTS[name]
+            o_w, lse_w = _tiled_pv_output(saved, cfg, tile or cfg.block_kv, per_channel, running_max)
             saved_w = saved._replace(o=o_w, lse=lse_w)
             (dq_w, dk_w, dv_w), inter_w = backward(saved_w, do, cfg, return_intermediates=True)
             out[name] = {"o": o_w, "dq": dq_w, "dk": dk_w, "dv": dv_w, "ds": inter_w.ds}
@@ -586,10 +600,10 @@ def main(argv=None) -> int:
                          ("--seq", [args.seq])):
         if any(not v > 0 for v in values):
             parser.error(f"{flag} {' '.join(f'{v:g}' for v in values)}: every value must be positive")
-    wide = {"e", "p128", "p128vc"} & set(args.variants)   # 128-token groups or tiles
+    wide = {"e", "p128", "p128vc", "r8"} & set(args.variants)   # 128-token groups or tiles
     if args.seq % max(args.block_q, args.block_kv, 128 if wide else 1):
         print(f"error: --seq {args.seq} must be a multiple of the blocks (and of 128 for variants e, p128, "
-              "p128vc)", file=sys.stderr)
+              "p128vc, r8)", file=sys.stderr)
         return 2
     if args.k_outliers and not (0 < args.k_outliers[0] <= 1 and args.k_outliers[1] > 0):
         parser.error(f"--k-outliers {args.k_outliers[0]:g} {args.k_outliers[1]:g}: a fraction in (0, 1] and a "

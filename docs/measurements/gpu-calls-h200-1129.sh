@@ -35,6 +35,13 @@
 #           same after the mend
 #   call 9: run("bash docs/measurements/gpu-calls-h200-1129.sh racecheck-main") on main: racecheck on main's
 #           kernels, full 512, to see whether its one hazard (Triton's warp-specialisation dispatch) is main's too
+#   call 10: run("bash docs/measurements/gpu-calls-h200-1129.sh acc32 ab-token-forward-acc32-probe-h200-1129") after
+#           `git apply docs/measurements/probe-token-forward-acc32.patch` (timing only, wrong numbers: P^ against
+#           the running max, P^ V^ accumulated in INT32 across the tiles, no per-tile weighting), with
+#           .gpu/basefiles/sagebwd/triton/forward.py = main's: a kernel A/B of the forward
+#   call 11: run("bash docs/measurements/gpu-calls-h200-1129.sh acc32 ab-token-forward-late-update-h200-1129") after
+#           `git apply docs/measurements/probe-token-forward-late-update.patch` instead (the same numbers: each
+#           tile's weighting of O done in the next tile, after its S product is issued), .gpu/basefiles as call 10
 set -u
 trial_tree() {   # /tmp/trial: the checkout with .gpu/trialfiles over it
   rm -rf /tmp/trial && mkdir -p /tmp/trial && cp -r sagebwd tools benchmarks tests setup.cfg /tmp/trial/ \
@@ -125,6 +132,11 @@ print('$1 $2 seq $3: ok')" > /tmp/one.log 2>&1; tail -1 /tmp/one.log)
     trial_tree
     one /tmp/trial full 512 200 "/usr/local/cuda/bin/compute-sanitizer --tool racecheck --print-limit 8"
     grep -E "^=========" /tmp/one.log | grep -v "Host Frame" | head -40 ;;
+  acc32)
+    base_tree
+    timeout 300 python3 -m benchmarks.ab /tmp/base --rounds 2 --json "$OUT/$2.json" \
+      -- --no-bench --quant token --kernel-times --kernel-shapes 8,16,4096,64 4,12,4096,64 \
+      --kernel-masks causal full | grep -E "_forward_kernel|all kernels" ;;
   racecheck-main)
     (PYTHONPATH=$PWD timeout 200 /usr/local/cuda/bin/compute-sanitizer --tool racecheck --print-limit 8 python3 -c "
 import torch
@@ -135,6 +147,6 @@ o = attention(q, k, v, False, True, False, 128, 64, 'token')
 torch.autograd.grad(o, (q, k, v), do)
 torch.cuda.synchronize()
 print('main full seq 512: ok')" 2>&1 | grep -E "^=========|: ok" | grep -v "Host Frame" | head -30) ;;
-  *) echo "usage: bash $0 halves NAME|pv16 NAME|pv16-keys NAME|profile|defer-b NAME|defer-d|racecheck-main" >&2
+  *) echo "usage: bash $0 halves NAME|pv16 NAME|pv16-keys NAME|profile|defer-b NAME|defer-d|racecheck-main|acc32 NAME" >&2
      exit 2 ;;
 esac

@@ -9,11 +9,12 @@
 #           `git apply docs/measurements/probe-token-forward-pv16.patch` (the d=64 token forward's P V in bf16, V
 #           itself, P against the running max, accumulating into O as FlashAttention does): O's error against fp32
 #           SDPA and the forward kernel's time at register caps and pipeline depths, against the INT8 P V forward
-#           in the same process (docs/measurements/pv16-sweep.py; it ran as .gpu/pv16_sweep.py, the same code)
+#           in the same process (`docs/measurements/pv16-probe.py NAME sweep`; it ran as .gpu/pv16_sweep.py, the
+#           same loops)
 #   call 3: run("bash docs/measurements/gpu-calls-h200-1129.sh pv16-keys pv16-keys-probe-h200-1129") with the
 #           same patch (its SAGEBWD_PROBE_KEYS sets the tile): the bf16-P V forward over 64-key tiles (no P
 #           quantisation tile binds it to 128), at caps that fit 4-5 programs an SM
-#           (docs/measurements/pv16-keys.py; it ran as .gpu/pv16_keys.py)
+#           (`docs/measurements/pv16-probe.py NAME keys`; it ran as .gpu/pv16_keys.py, the same loops)
 #   call 4: run("bash docs/measurements/gpu-calls-h200-1129.sh profile", carry=[".whl", ".cache"]) on main, with
 #           .gpu/trialfiles = trial-token-dkdv-defer-dk16.patch's dkdv_hopper.py (prepared as the twenty-second
 #           session's calls script says): where the deferred dK product's race begins (seq 384-768, one process
@@ -62,9 +63,9 @@ case "${1:-}" in
     timeout 150 python3 -m benchmarks.forward_tiles --shapes 8,16,4096,64 4,12,4096,64 \
       --json "$OUT/forward-tiles-halves-h200-1129.json" 2>&1 | tail -16 ;;
   pv16)
-    PYTHONPATH=$PWD timeout 500 python3 docs/measurements/pv16-sweep.py "$2" 2>&1 | grep -v Warn | tail -30 ;;
+    PYTHONPATH=$PWD timeout 500 python3 docs/measurements/pv16-probe.py "$2" sweep 2>&1 | grep -v Warn | tail -30 ;;
   pv16-keys)
-    PYTHONPATH=$PWD timeout 500 python3 docs/measurements/pv16-keys.py "$2" 2>&1 | grep -v Warn | tail -34 ;;
+    PYTHONPATH=$PWD timeout 500 python3 docs/measurements/pv16-probe.py "$2" keys 2>&1 | grep -v Warn | tail -34 ;;
   profile)
     trial_tree
     for n in 384 512 640 768; do
@@ -147,6 +148,7 @@ o = attention(q, k, v, False, True, False, 128, 64, 'token')
 torch.autograd.grad(o, (q, k, v), do)
 torch.cuda.synchronize()
 print('main full seq 512: ok')" 2>&1 | grep -E "^=========|: ok" | grep -v "Host Frame" | head -30) ;;
-  *) echo "usage: bash $0 halves NAME|pv16 NAME|pv16-keys NAME|profile|defer-b NAME|defer-d|racecheck-main|acc32 NAME" >&2
+  *) echo "usage: bash $0 halves NAME|pv16 NAME|pv16-keys NAME|profile|defer-b NAME|defer-d|racecheck-main|" \
+       "acc32 NAME" >&2
      exit 2 ;;
 esac

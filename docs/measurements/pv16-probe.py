@@ -1,10 +1,31 @@
-"""PROBE: the bf16-P V token forward over 64-key tiles, at caps that fit 4-6 programs an SM
-(`git apply docs/measurements/probe-token-forward-pv16.patch` first)."""
-import os, sys, json
+"""PROBE: the token forward with P V in bf16 (`git apply docs/measurements/probe-token-forward-pv16.patch` first):
+O's error against fp32 SDPA, then the forward kernel's time at register caps, pipeline depths and (with the
+probe's SAGEBWD_PROBE_KEYS) 64-key tiles, against the INT8 P V forward in the same process.
+
+    python docs/measurements/pv16-probe.py NAME sweep|keys     (writes $OUT/NAME.json)
+
+The twenty-third session ran "sweep" and "keys" as two scripts (.gpu/pv16_sweep.py, .gpu/pv16_keys.py) with
+these loops, merged here."""
+import json
+import os
+import sys
+
 import torch
+
 from benchmarks.attention import profiled_ms
 from sagebwd.triton import attention
 from sagebwd.triton.launch import Tuning
+
+# (SAGEBWD_PROBE_PV16, keys a forward tile, the forward's launch settings)
+CONFIGS = {
+    "sweep": [(0, 128, {}), (1, 128, {}), (1, 128, {"maxnreg": 168, "num_stages": 3}),
+              (1, 128, {"maxnreg": 128, "num_stages": 2}), (1, 128, {"maxnreg": 200, "num_stages": 2}),
+              (1, 128, {"maxnreg": 168, "num_stages": 1})],
+    "keys": [(0, 128, {}), (1, 128, {}), (1, 64, {"maxnreg": 168, "num_stages": 3}),
+             (1, 64, {"maxnreg": 128, "num_stages": 3}), (1, 64, {"maxnreg": 128, "num_stages": 2}),
+             (1, 64, {"maxnreg": 104, "num_stages": 3}), (1, 64, {"maxnreg": 96, "num_stages": 2}),
+             (1, 64, {"maxnreg": 128, "num_stages": 4})],
+}
 
 rows = []
 for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64)]:
@@ -12,15 +33,11 @@ for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64)]:
     q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     for causal in (True, False):
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
-        for pv16, keys, settings in [(0, 128, {}), (1, 128, {}), (1, 64, {"maxnreg": 168, "num_stages": 3}),
-                                     (1, 64, {"maxnreg": 128, "num_stages": 3}),
-                                     (1, 64, {"maxnreg": 128, "num_stages": 2}),
-                                     (1, 64, {"maxnreg": 104, "num_stages": 3}),
-                                     (1, 64, {"maxnreg": 96, "num_stages": 2}),
-                                     (1, 64, {"maxnreg": 128, "num_stages": 4})]:
+        for pv16, keys, settings in CONFIGS[sys.argv[2]]:
             os.environ["SAGEBWD_PROBE_PV16"] = str(pv16)
             os.environ["SAGEBWD_PROBE_KEYS"] = str(keys)
             tuning = Tuning(overrides={"forward": settings} if settings else {})
+
             def call():
                 return attention(q, k, v, causal, True, False, 128, 64, "token", tuning=tuning)
             with torch.no_grad():

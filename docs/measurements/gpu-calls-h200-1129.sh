@@ -10,7 +10,7 @@
 #           itself, P against the running max, accumulating into O as FlashAttention does): O's error against fp32
 #           SDPA and the forward kernel's time at register caps and pipeline depths, against the INT8 P V forward
 #           in the same process (`docs/measurements/pv16-probe.py NAME sweep`; it ran as .gpu/pv16_sweep.py, the
-#           same loops)
+#           same loops; its first run stopped at once, the case then lacking PYTHONPATH, and was run again)
 #   call 3: run("bash docs/measurements/gpu-calls-h200-1129.sh pv16-keys pv16-keys-probe-h200-1129") with the
 #           same patch (its SAGEBWD_PROBE_KEYS sets the tile): the bf16-P V forward over 64-key tiles (no P
 #           quantisation tile binds it to 128), at caps that fit 4-5 programs an SM

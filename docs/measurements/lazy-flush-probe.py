@@ -1,0 +1,60 @@
+"""PROBE timing (prepared in the twenty-third session, not yet run): the token d=64 forward of variant r8 with a
+lazy reference and its flush (`git apply docs/measurements/probe-token-forward-lazy-flush.patch` first; timing
+only, its O is wrong: the V^ column-sum correction and V's per-channel scale are left out), against main's
+forward in the same process, on the benchmark's i.i.d. inputs and on inputs with an attention sink (every query's
+largest score at key 0, as trained models have it), where the running max never rises after the first tile.
+
+    python docs/measurements/lazy-flush-probe.py NAME      (writes $OUT/NAME.json)
+
+What to read: on i.i.d. inputs the flush runs on about half the tiles at tau = 1 (flush-rate-1129.py), so the
+probe should land near main; with the sink, near the INT32 probe's -10% (probe-token-forward-acc32.patch)."""
+import json
+import os
+import sys
+
+import torch
+
+from benchmarks.attention import profiled_ms
+from sagebwd.triton import attention
+from sagebwd.triton.launch import Tuning
+
+# (SAGEBWD_PROBE_LAZY tau or None for main's forward, SAGEBWD_PROBE_KEYS, the forward's register cap)
+CONFIGS = [(None, None, None), ("1.0", "128", 200), ("1.0", "128", 168), ("1.0", "64", 168), ("1.0", "64", 128),
+           ("0.0", "64", 168)]
+
+
+def inputs(shape, sink: bool):
+    torch.manual_seed(0)
+    q, k, v = [torch.randn(*shape, device="cuda") for _ in range(3)]
+    if sink:   # a shared direction c in every query and in key 0: S[i, 0] ~ |c|^2 / sqrt(D) = 16, the other
+        # scores ~ N(0, 3) (their largest of 4096 near 6)
+        c = torch.randn(shape[-1], device="cuda")
+        c = c / c.norm() * (16 * shape[-1] ** 0.5) ** 0.5
+        q = q + c
+        k[:, :, 0] += c
+    return [t.bfloat16() for t in (q, k, v)]
+
+
+rows = []
+for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64)]:
+    for sink in (False, True):
+        q, k, v = inputs(shape, sink)
+        for causal in (True, False):
+            for tau, keys, cap in CONFIGS:
+                for name, value in (("SAGEBWD_PROBE_LAZY", tau), ("SAGEBWD_PROBE_KEYS", keys)):
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+                tuning = Tuning(overrides={"forward": {"maxnreg": cap}} if cap else {})
+
+                def call():
+                    return attention(q, k, v, causal, True, False, 128, 64, "token", tuning=tuning)
+                with torch.no_grad():
+                    ms = profiled_ms(call, 10, warmup=3)
+                fwd = next(t for n, t in ms.items() if "_forward_kernel" in n)
+                rows.append(dict(shape=shape, sink=sink, causal=causal, tau=tau, keys=keys, maxnreg=cap,
+                                 forward_ms=fwd))
+                print(f"{shape} {'sink' if sink else 'iid ':4s} {'causal' if causal else 'full':6s} tau={tau} "
+                      f"keys={keys} cap={cap}: fwd {fwd:.4f} ms", flush=True)
+json.dump(rows, open(os.path.join(os.environ.get("OUT", "/tmp"), sys.argv[1] + ".json"), "w"), indent=1)

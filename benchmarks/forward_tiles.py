@@ -34,6 +34,13 @@ def forward_ms(shape, causal: bool, block_kv: int, maxnreg: int | None, iters: i
 
     def call():
         return attention(q, k, v, causal, True, False, 128, block_kv, "token", tuning=tuning)
+    return call_ms(call, iters)
+
+
+def call_ms(call, iters: int = 10) -> dict:
+    """Milliseconds per call of the forward kernel and of the quantise launch that `call` (an op call, no
+    arguments) launches, from torch.profiler, without autograd."""
+    import torch
     with torch.no_grad():
         ms = profiled_ms(call, iters, warmup=3)
     return {"forward_ms": next(t for name, t in ms.items() if "_forward_kernel" in name),

@@ -111,6 +111,7 @@ def test_variants_stay_close_to_fpa(variant):
     (["--sigmas", "1", "-3"], "--sigmas 1 -3: every value must be positive"),
     (["--seq", "100"], "--seq 100 must be a multiple of the blocks"),
     (["--seq", "192", "--block-q", "64", "--variants", "p128"], "--seq 192 must be a multiple of the blocks"),
+    (["--seq", "192", "--block-q", "64", "--variants", "r8"], "--seq 192 must be a multiple of the blocks"),
     (["--k-outliers", "0", "8"], "--k-outliers 0 8: a fraction in (0, 1] and a positive scale"),
 ])
 def test_cli_rejects_bad_values_by_name(argv, message, capsys):

@@ -2,13 +2,16 @@
 the running max) because some row's maximum rose, on the benchmark's i.i.d. Gaussian inputs (torch.randn q, k;
 N=4096, D=64, one head, two draws), per 128-key tile after the first, by the margin tau (log2 units) a lazy
 reference allows before it is raised (FlashAttention-4's rescale test; tau > 0 needs P^ room above 127 * 1).
-CPU: python docs/measurements/flush-rate-1129.py (twenty-third session; docs/kernel-notes.md)."""
+CPU: python docs/measurements/flush-rate-1129.py [ROWS] (ROWS: rows a flush test covers, 64 by default, a program;
+16, a warp) (twenty-third session; docs/kernel-notes.md)."""
 import math
+import sys
 
 import torch
 
 torch.manual_seed(0)
-N, D, ROWS = 4096, 64, 64
+N, D = 4096, 64
+ROWS = int(sys.argv[1]) if len(sys.argv) > 1 else 64
 LOG2E = 1.4426950408889634
 for causal in (True, False):
     res = {}
@@ -31,5 +34,5 @@ for causal in (True, False):
                         flushes += 1
                         ref = torch.maximum(ref, tt[:, j])
             res.setdefault(tau, []).append(flushes / tiles)
-    print("causal" if causal else "full", "flushed share of tiles by tau:",
+    print(f"{ROWS} rows,", "causal" if causal else "full", "flushed share of tiles by tau:",
           {tau: round(sum(v) / len(v), 3) for tau, v in res.items()})

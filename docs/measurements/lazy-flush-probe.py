@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from benchmarks.attention import profiled_ms
+from benchmarks.forward_tiles import call_ms
 from sagebwd.triton import attention
 from sagebwd.triton.launch import Tuning
 
@@ -50,9 +50,7 @@ for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64)]:
 
                 def call():
                     return attention(q, k, v, causal, True, False, 128, 64, "token", tuning=tuning)
-                with torch.no_grad():
-                    ms = profiled_ms(call, 10, warmup=3)
-                fwd = next(t for n, t in ms.items() if "_forward_kernel" in n)
+                fwd = call_ms(call)["forward_ms"]
                 rows.append(dict(shape=shape, sink=sink, causal=causal, tau=tau, keys=keys, maxnreg=cap,
                                  forward_ms=fwd))
                 print(f"{shape} {'sink' if sink else 'iid ':4s} {'causal' if causal else 'full':6s} tau={tau} "

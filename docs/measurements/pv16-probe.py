@@ -5,14 +5,14 @@ probe's SAGEBWD_PROBE_KEYS) 64-key tiles, against the INT8 P V forward in the sa
     python docs/measurements/pv16-probe.py NAME sweep|keys     (writes $OUT/NAME.json)
 
 The twenty-third session ran "sweep" and "keys" as two scripts (.gpu/pv16_sweep.py, .gpu/pv16_keys.py) with
-these loops, merged here."""
+these loops, merged here; the timing is benchmarks.forward_tiles.call_ms (the same profiler call they made)."""
 import json
 import os
 import sys
 
 import torch
 
-from benchmarks.attention import profiled_ms
+from benchmarks.forward_tiles import call_ms
 from sagebwd.triton import attention
 from sagebwd.triton.launch import Tuning
 
@@ -43,8 +43,7 @@ for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64)]:
             with torch.no_grad():
                 o = call()
                 err = float((o.float() - ref).norm() / ref.norm())
-                ms = profiled_ms(call, 10, warmup=3)
-            fwd = next(t for name, t in ms.items() if "_forward_kernel" in name)
+            fwd = call_ms(call)["forward_ms"]
             rows.append(dict(shape=shape, causal=causal, pv16=pv16, keys=keys, settings=settings, forward_ms=fwd,
                              o_rel_l2=err))
             print(f"{shape} {'causal' if causal else 'full':6s} pv16={pv16} keys={keys} {json.dumps(settings):40s} "

@@ -369,7 +369,7 @@ def _mean_in_quantise_launch_case() -> dict:
     has the mean kernel's bits (one reduction, _mean_chunk) and Q^, K^, V^ and their scales are quantize_qkv's
     with that mean, bit for bit: both contracts, d=64 and 128, strided inputs, Q-smoothing, Q left to the token
     forward, block_q != block_kv, a sequence that is several mean chunks, and K tiles right after their head's
-    mean (lag 0) or rounds later. On the GPU's path the op takes the one launch at d=64 and the mean kernel and
+    mean (lag 0), rounds later, or after every head's mean (a lag past the head count). On the GPU's path the op takes the one launch at d=64 and the mean kernel and
     quantise launch at d=128 (quantize.MEAN_IN_LAUNCH_HEAD_DIMS)."""
     import torch
     from sagebwd.triton import ops
@@ -385,7 +385,7 @@ def _mean_in_quantise_launch_case() -> dict:
                                                        ((1, 512, 1, 64), False, False, True, (64, 128))]:
         q, k, v = [(torch.randn(*shape, generator=gen) * 3 + torch.randn(shape[-1], generator=gen) * 5).half()
                    .transpose(1, 2) for _ in range(3)]   # (B, H, N, D) views of (B, N, H, D), a channel offset
-        for lag in (0, 2):
+        for lag in (0, 2, 8):
             out = kq._quantize_qkv_with_mean(q, k, v, *blocks, smooth_q=smooth_q, cols=True, token=token,
                                              quantize_q=quantize_q, lag=lag)
             mean_equal = mean_equal and bool(torch.equal(out[9], kq._sequence_mean(k)))

@@ -432,11 +432,12 @@ def _qkv_outputs(q: torch.Tensor, block_q: int, block_kv: int, block_v: int, *, 
     return q8, q8t, s_q, mu_q, k8, k8t, s_k, v8t, s_v
 
 
-# Rounds of other work between a head's mean chunks and its K tiles (_quantize_qkv_mean_kernel). H100
-# (python -m benchmarks.prepass; docs/kernel-notes.md, "Thirteenth session"): lag 2 was within 1-3% of the best
-# lag at every shape and contract, but those lag sweeps read fp32 inputs by mistake; in bf16 ("Fourteenth
-# session") only lag 2 was timed: -5% / -10% against the two launches at d=64, +21% at d=128.
-MEAN_LAG = 2
+# Rounds of other work between a head's mean chunks and its K tiles (_quantize_qkv_mean_kernel). H200, model layout,
+# bf16, in CUDA graphs (python -m benchmarks.prepass --lags 2 8 16 32 64 128; docs/benchmarks.md, "The pre-pass's lag
+# on the H200"): lag 8 was within 4% of the best lag at every d=64 shape, both contracts, and about as fast as the
+# two launches; lag 2 (the H100's choice, "Fourteenth session") 12-13% slower (token); lags past 16 slower again. In a
+# fwd+bwd step (kernel A/B) the quantise launch -11..-13% (token), -6..-7% (block).
+MEAN_LAG = 8
 # Where the one launch is the op's: d=64. At d=128 it was slower than the two launches inside a fwd+bwd step
 # (+30 us token, +17 us block at (8, 8, 4096, 128) causal, H100 kernel A/B), though faster back to back.
 MEAN_IN_LAUNCH_HEAD_DIMS = (64,)
@@ -485,7 +486,7 @@ def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: b
     partial = torch.empty(b * h, chunks, d, device=k.device, dtype=torch.float32)
     counters = torch.zeros(1 + 2 * b * h, device=k.device, dtype=torch.int32)   # ticket, arrived, mean ready
     k_mean = torch.empty(b * h, d, device=k.device, dtype=torch.float32)
-    lag = MEAN_LAG if lag is None else lag
+    lag = min(MEAN_LAG if lag is None else lag, b * h)   # rounds past the last head's would hold no work
     per_round = chunks + (n // tile) * (3 if quantize_q else 2)   # chunks, Q and V tiles, K tiles
     dummy = s_v   # never dereferenced: the matching constexpr flag is off
     launch("quantize", _quantize_qkv_mean_kernel, ((b * h + lag) * per_round,),

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.train_throughput [--quick] [--out FILE.json]`: trainer throughput on one device.
+"""`python -m benchmarks.train_throughput [--quick] [--profile K] [--out FILE.json]`: trainer throughput on one device.
 
 tokens/s, step ms, MFU and peak memory of one training step (forward, loss, backward, AdamW)
 for FPA and SageBwd (K-smoothing), eager and compiled, with the old loss path ("plain": the
@@ -38,6 +38,10 @@ not modelled by `manual` (docs/benchmarks.md, "Host reads"). Data are random tok
 of the config's vocabulary (seeded): speed does not depend on them, and nothing is read from
 disk. FLOPs per token and the peak table are launcher/throughput.py's; MFU is blank where no
 peak is known (the CPU, an unknown GPU; `--peak-tflops` sets one).
+
+`--profile K` takes as many steps again after each row's timed ones, under torch.profiler, and prints the row's
+top K kernels and the device time of all its kernels per step beside its timed step: where a step of the trainer's
+own engine goes (launcher.profile_step's kernel table, with DeepSpeed's step and the host's reads in it).
 
 Each row runs in its own try/except: an error (an out-of-memory, a compile failure) is
 recorded in the row and the table goes on. Needs torch (+ triton for SageBwd on a GPU),
@@ -117,6 +121,9 @@ class Row:
     warmup_s: float | None = None       # compilation included (shared by the sync rows)
     error: str | None = None
     extra: dict = field(default_factory=dict)
+    # --profile K: {"kernel_ms": device time per step, all kernels; "rows": the top K as [ms per step, calls per
+    # step, kernel]}, from as many more steps under torch.profiler (CPU ops and their own time on the CPU)
+    profile: dict | None = None
 
 
 class MasterAdamW:
@@ -161,7 +168,7 @@ class MasterAdamW:
 
 
 def run_rows(rows: list[Row], config: RunConfig, steps: int, warmup: int, optimizer: bool,
-             compile_backend: str, peak: float | None) -> None:
+             compile_backend: str, peak: float | None, profile_top: int = 0) -> None:
     """One model, compiled and warmed up once; then `steps` timed steps per row, which differ
     only in when the host reads the loss (Row.sync). The rows' engine (Row.engine) says how a
     step is taken: `manual_steps` or `deepspeed_steps`."""
@@ -181,13 +188,15 @@ def run_rows(rows: list[Row], config: RunConfig, steps: int, warmup: int, optimi
         for row in rows:
             row.seq_len, row.micro_batch, row.tokens_per_step = seq, micro, tokens_per_step
             row.extra.update(extra)
-        time_rows(rows, config, steps, warmup, peak, device, step, read)
+        time_rows(rows, config, steps, warmup, peak, device, step, read, profile_top)
 
 
 def time_rows(rows: list[Row], config: RunConfig, steps: int, warmup: int, peak: float | None,
-              device: torch.device, step, read) -> None:
+              device: torch.device, step, read, profile_top: int = 0) -> None:
     """The warm-up, then each row's timed steps; `step(i)` queues step i and hands back what
-    `read(pending)` reads on the host at the rows' read points."""
+    `read(pending)` reads on the host at the rows' read points. profile_top: after a row's timed steps, as many
+    more under torch.profiler (Row.profile)."""
+    from launcher.profile_step import profiled_rows
 
     def sync():
         if device.type == "cuda":
@@ -200,19 +209,28 @@ def time_rows(rows: list[Row], config: RunConfig, steps: int, warmup: int, peak:
     sync()
     warmup_s = time.perf_counter() - start
     done = warmup
-    for row in rows:
-        # the trainer's reads: every step before launcher/step_metrics.py, now at its log points
-        read_every = 1 if row.sync == "step" else config.train.log_every
+
+    def take(first: int, read_every: int) -> None:   # steps first.. first + steps - 1, read as the row reads
         pending = []
-        start = time.perf_counter()
-        for i in range(done, done + steps):
+        for i in range(first, first + steps):
             pending.append(step(i))
             if (i + 1) % read_every == 0:
                 read(pending)
                 pending = []
         sync()
+
+    for row in rows:
+        # the trainer's reads: every step before launcher/step_metrics.py, now at its log points
+        read_every = 1 if row.sync == "step" else config.train.log_every
+        start = time.perf_counter()
+        take(done, read_every)
         done += steps
         row.step_ms = (time.perf_counter() - start) * 1000.0 / steps
+        if profile_top:
+            first = done
+            kernels = profiled_rows(lambda: take(first, read_every), steps, device)
+            done += steps
+            row.profile = {"kernel_ms": sum(r[0] for r in kernels), "rows": [list(r) for r in kernels[:profile_top]]}
         row.tokens_per_s = row.tokens_per_step / row.step_ms * 1000.0
         row.first_loss, row.warmup_s = first_loss, warmup_s
         if peak:
@@ -373,6 +391,20 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def profile_tables(rows: list[Row]) -> str:
+    """Each profiled row's top kernels (CPU ops on the CPU), under a line with its timed step and the device time
+    of all its kernels per step (more than the step where kernels overlap, less where the device waits)."""
+    out = []
+    for r in (r for r in rows if r.profile):
+        name = r.config.rsplit("/", 1)[-1].removesuffix(".yaml")
+        out += ["", f"{name} {r.seq_len} x {r.micro_batch} {r.attention} compile={r.compile} loss={r.loss} "
+                f"sync={r.sync} engine={r.engine}: step {r.step_ms:.2f} ms (timed), kernels "
+                f"{r.profile['kernel_ms']:.2f} ms per step (profiled)",
+                "| ms per step | calls per step | kernel |", "|---|---|---|"]
+        out += [f"| {ms:.3f} | {calls:g} | {kernel[:110]} |" for ms, calls, kernel in r.profile["rows"]]
+    return "\n".join(out)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.train_throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -402,10 +434,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "were batched) or once per train.log_every steps (the trainer now; default)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="dense bf16 peak for MFU (default: launcher/throughput.py's table)")
+    p.add_argument("--profile", type=int, default=0, metavar="K",
+                   help="after each row's timed steps, as many more under torch.profiler: its top K kernels "
+                   "(CPU ops on the CPU) and all kernels' device time per step (default 0: off)")
     p.add_argument("--out", help="write the rows and the environment as JSON here")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps {args.steps}: give a positive count")
+    if args.profile < 0:
+        p.error(f"--profile {args.profile}: give how many kernels to list (0: no profile)")
     if args.optimizer == "none" and "deepspeed" in args.engine:
         p.error("--optimizer none applies to the manual engine only (DeepSpeed always steps)")
     if args.quick:
@@ -434,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         config = load_run_config(case.config, sets)
                         run_rows(group, config, args.steps, max(warmup, 1),
-                                 args.optimizer == "adamw", args.compile_backend, peak)
+                                 args.optimizer == "adamw", args.compile_backend, peak, args.profile)
                     except ConfigError as err:
                         for row in group:
                             row.error = f"config: {err}".replace("\n", " ")
@@ -452,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
                               + (f"{row.step_ms:.2f} ms, {row.tokens_per_s:,.0f} tok/s"
                                  if row.error is None else f"ERROR {row.error}"), flush=True)
     print(table(rows))
+    if args.profile:
+        print(profile_tables(rows))
     if args.out:
         payload = {"environment": env, "peak_tflops": peak,
                    "args": {k: (v if k != "cases" else [asdict(c) for c in v]) for k, v in vars(args).items()},

@@ -64,23 +64,33 @@ def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "n
     sync()
     step_ms = (time.perf_counter() - start) * 1000.0 / steps
 
+    rows = profiled_rows(lambda: [step() for _ in range(steps)], steps, device)
+    return {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "step_ms": step_ms,
+            "tokens": x.numel(), "total_ms": sum(r[0] for r in rows), "rows": rows[:top]}
+
+
+def profiled_rows(run_steps, steps: int, device: torch.device) -> list[tuple[float, float, str]]:
+    """[(ms per step, calls per step, name)], largest first: each CUDA kernel's device time (each CPU op's own time
+    on the CPU) while `run_steps()` takes `steps` steps under torch.profiler (the device synchronised after). A
+    record_function range (the optimizer's "Optimizer.step#AdamW.step") also carries device time, that of the kernels
+    inside it: on CUDA it is left out, so that the rows add up to the kernels' time."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        for _ in range(steps):
-            step()
-        sync()
+        run_steps()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
     rows = []
     for evt in prof.key_averages():
         if device.type == "cuda":
-            us = evt.self_device_time_total if evt.device_type == torch.autograd.DeviceType.CUDA else 0
+            kernel = evt.device_type == torch.autograd.DeviceType.CUDA and not getattr(evt, "is_user_annotation", False)
+            us = evt.self_device_time_total if kernel else 0
         else:
             us = evt.self_cpu_time_total
         if us > 0:
             rows.append((us / steps / 1000.0, evt.count / steps, evt.key))
     rows.sort(reverse=True)
-    return {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "step_ms": step_ms,
-            "tokens": x.numel(), "total_ms": sum(r[0] for r in rows), "rows": rows[:top]}
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

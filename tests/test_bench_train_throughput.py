@@ -93,3 +93,27 @@ def test_mixed_precision_optimizer_step_updates_bf16_weights():
     opt.step()
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(p.grad is None and p.dtype == torch.bfloat16 for p in model.parameters())
+
+
+def test_profile_lists_a_rows_top_ops_beside_its_timed_step(tmp_path, capsys):
+    """--profile K: after the timed steps, as many under torch.profiler; the row's top K (CPU ops here) with their
+    time per step and the sum of all, in the table after the main one and in the JSON."""
+    out = tmp_path / "bench.json"
+    argv = ["--config", "experiments/configs/cpu-tiny.yaml", "--quick", "--attention", "fpa", "--compile", "none",
+            "--loss", "chunked", "--profile", "4", *SMALL, "--out", str(out)]
+    assert train_throughput.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "cpu-tiny 128 x 1 fpa compile=none loss=chunked sync=log engine=manual: step " in text
+    profile = json.loads(out.read_text())["rows"][0]["profile"]
+    assert len(profile["rows"]) == 4 and all(ms > 0 and calls > 0 for ms, calls, _ in profile["rows"])
+    assert [r[0] for r in profile["rows"]] == sorted((r[0] for r in profile["rows"]), reverse=True)
+    assert profile["kernel_ms"] >= sum(r[0] for r in profile["rows"])
+    assert any("aten::" in name for _, _, name in profile["rows"])
+
+
+def test_a_negative_profile_count_is_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        train_throughput.main(["--config", "experiments/configs/cpu-tiny.yaml", "--profile", "-1"])
+    assert "--profile -1" in capsys.readouterr().err

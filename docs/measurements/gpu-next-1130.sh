@@ -1,5 +1,5 @@
-# The next GPU session's prepared calls (written in the twenty-third session, 2026-11-29; none run yet). From the
-# repository root:
+# The next GPU session's prepared calls (written in the twenty-third session, 2026-11-29; `lazy` ran in the
+# twenty-fourth as call 1 of gpu-calls-h200-1129b.sh). From the repository root:
 #   run(command="bash docs/measurements/gpu-next-1130.sh lazy lazy-flush-probe-h200-next")
 #     after `git apply docs/measurements/probe-token-forward-lazy-flush.patch` (timing only): variant r8's forward
 #     with a lazy reference and its flush against main's forward, on i.i.d. inputs and on inputs with an attention

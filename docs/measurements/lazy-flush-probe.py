@@ -1,4 +1,5 @@
-"""PROBE timing (prepared in the twenty-third session, not yet run): the token d=64 forward of variant r8 with a
+"""PROBE timing (prepared in the twenty-third session, run in the twenty-fourth: call 1 of
+docs/measurements/gpu-calls-h200-1129b.sh, lazy-flush-probe-h200-1129.json): the token d=64 forward of variant r8 with a
 lazy reference and its flush (`git apply docs/measurements/probe-token-forward-lazy-flush.patch` first; timing
 only, its O is wrong: the V^ column-sum correction and V's per-channel scale are left out), against main's
 forward in the same process, on the benchmark's i.i.d. inputs and on inputs with an attention sink (every query's
@@ -6,8 +7,10 @@ largest score at key 0, as trained models have it), where the running max never 
 
     python docs/measurements/lazy-flush-probe.py NAME      (writes $OUT/NAME.json)
 
-What to read: on i.i.d. inputs the flush runs on about half the tiles at tau = 1 (flush-rate-1129.py), so the
-probe should land near main; with the sink, near the INT32 probe's -10% (probe-token-forward-acc32.patch)."""
+What was expected: on i.i.d. inputs the flush runs on about half the tiles at tau = 1 (flush-rate-1129.py), so the
+probe should land near main; with the sink, near the INT32 probe's -10% (probe-token-forward-acc32.patch). What it
+measured: +7..+11% i.i.d. and +2..+5% with the sink at its best setting (128-key tiles, 168 registers).
+docs/benchmarks.md, "The r8 forward's lazy flush loses; the pre-pass's lag on the H200"."""
 import json
 import os
 import sys

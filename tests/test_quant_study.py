@@ -112,6 +112,7 @@ def test_variants_stay_close_to_fpa(variant):
     (["--seq", "100"], "--seq 100 must be a multiple of the blocks"),
     (["--seq", "192", "--block-q", "64", "--variants", "p128"], "--seq 192 must be a multiple of the blocks"),
     (["--seq", "192", "--block-q", "64", "--variants", "r8"], "--seq 192 must be a multiple of the blocks"),
+    (["--seq", "192", "--block-q", "64", "--variants", "r8o"], "--seq 192 must be a multiple of the blocks"),
     (["--k-outliers", "0", "8"], "--k-outliers 0 8: a fraction in (0, 1] and a positive scale"),
 ])
 def test_cli_rejects_bad_values_by_name(argv, message, capsys):
@@ -187,6 +188,38 @@ def test_r8_quantises_p_against_the_running_max():
     assert (tiles[..., 128:, 1, :].amax(dim=-1) < m[..., 128:, 0]).any()   # a row seeing both tiles whose tile 1
     # has the lower maximum: its P^ there is taken against tile 0's
     assert not torch.equal(out["r8"]["o"], out["p128vc"]["o"])
+
+
+def test_r8i_and_r8o_sum_p_against_a_reference_raised_in_whole_log2_steps():
+    """r8i / r8o: P^ = round(L exp2(S log2e - r_j)) with r_j tile 0's row max raised in whole log2 steps (L = 127, or
+    254 for r8o), the integer sums of the tiles shifted right by each rise: over two causal tiles O is the direct
+    float computation sum_j 2^(r_j - r_1) P^_j V^ / (L l) (the shifts' floors within a unit of the sum), and some row
+    does rise; r8o's 254 levels make O closer to FPA's than r8i's 127 at sigma 1."""
+    import math
+    from sagebwd.simulate import forward, scores
+    q, k, v, do = gaussian_inputs(1.0, 1, 2, 256, 64, 1)
+    cfg = SageConfig(causal=True, block_q=32, block_kv=16, quant="token")
+    _, saved = forward(q, k, v, cfg)
+    out = run_variants(q, k, v, do, cfg, ["r8i", "r8o"])
+    s2 = (scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg, 64 ** -0.5)
+          * math.log2(math.e))
+    tiles = s2.reshape(1, 2, 256, 2, 128)
+    m = tiles.amax(dim=-1).cummax(dim=-1).values
+    r = m[..., :1] + torch.ceil(m - m[..., :1])                  # (B, H, N, 2)
+    assert (r[..., 1] > r[..., 0]).any(), "no row's reference rose: the shift is not exercised"
+    amax = v.abs().amax(dim=-2, keepdim=True)
+    v_deq = torch.round(v * (torch.full_like(amax, 127) / amax)) * (amax / 127)
+    e = torch.exp2(tiles - r.unsqueeze(-1))
+    l = (e.sum(dim=-1) * torch.exp2(r - r[..., -1:])).sum(dim=-1, keepdim=True)
+    for name, levels in (("r8i", 127), ("r8o", 254)):
+        p_hat = torch.round(levels * e) * torch.exp2(r - r[..., -1:]).unsqueeze(-1)
+        o = torch.einsum("bhntk,bhtkd->bhnd", p_hat, v_deq.reshape(1, 2, 2, 128, 64)) / levels / l
+        unit = (amax / 127 / levels / l).expand_as(o)               # one unit of the integer sum
+        assert ((out[name]["o"] - o).abs() <= unit + 1e-6 * o.abs()).all(), name
+    from sagebwd.fpa import fpa_attention
+    ref = fpa_attention(q, k, v, causal=True).o.float()
+    err = {n: ((out[n]["o"].float() - ref).norm() / ref.norm()).item() for n in ("r8i", "r8o")}
+    assert err["r8o"] < err["r8i"], err
 
 
 def test_x64_and_x128_move_only_dq_and_x64_is_x128_per_kv_tile():

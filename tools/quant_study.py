@@ -56,7 +56,13 @@ the reference is the tracer's: ``sagebwd.fpa.fpa_attention`` on the same fp32 in
      P^ = round(127 P~) needs no maximum beyond the online softmax's, and the INT8 products P^ V^ of the
      tiles between two rises of m add in int32 with no weighting (V's scale is per channel). l from the
      float P~. (A timing probe of that accumulation: docs/kernel-notes.md, "Twenty-third session".)
-  Not in the default list (``--variants a p128 vc p128vc r8``).
+  r8i  as r8 with the reference raised in whole log2 steps: m_j = ceil(log2(e) x the running max at tile j) (log2
+     units, as the kernels keep S), P^ = round(127 exp2(S log2(e) - m_j)) <= 127, and the sum of P^ V^ kept in
+     integers across all tiles: when a row's reference rises by r steps, its sum is shifted right by r bits (an
+     arithmetic shift, rounding down) before the tile's product is added, so a kernel needs no float weighting of O
+     per tile and no flush, only a shift of its int32 accumulator by a per-row amount that is 0 on most tiles. l from
+     the float P~ (scaled by 2^-r at a rise). Modelled exactly in int64.
+  Not in the default list (``--variants a p128 vc p128vc r8 r8i``).
 
   x128  dQ = X^ K^ with X = dS s_K INT8 per (q token, 128-key tile, validate.key_tile): the token contract's dQ
      from 2026-11-27 (ninth session) until 2026-11-28 (sixteenth session), when dQ became a bf16 product of Y
@@ -153,6 +159,8 @@ VARIANTS = {
     "p128vc": "fwd P~V: P~ per (q token, 128-key tile), V INT8 per channel over the sequence",
     "r8": "fwd P~V: P^ INT8 against the running max at each 128-key tile (no tile max), V INT8 per channel "
           "over the sequence (P^ V^ summable in int32 across tiles)",
+    "r8i": "fwd P~V: as r8 with the reference in whole log2 steps: the int32 sum shifted right when it rises",
+    "r8o": "fwd P~V: as r8i with P^ = round(254 P~), as P^ - 127 in INT8 and 127 times V^'s tile column sums",
     "dpi8": "bwd dP = dO V^T in INT8: dO per q token, V per kv token",
     "dpf8": "bwd dP = dO V^T in FP8 e4m3: dO per q token, V per kv token (amax / 448)",
     "dpi8b": "bwd dP = dO V^T in INT8: dO per (block_q x D) block, V per kv token",
@@ -167,6 +175,7 @@ VARIANTS = {
 }
 DP_VARIANTS = ("dpi8", "dpf8", "dpi8b")
 WIDE_TILE = 128   # keys one INT8 product P^ V^ spans in p128 / p128vc
+LOG2E = math.log2(math.e)   # r8i keeps S in log2 units, as the kernels do
 # (P~ tile, None for block_kv; V per channel over the sequence instead of per tile block; P~ against the running
 # max instead of the tile's)
 WIDE_VARIANTS = {"p128": (WIDE_TILE, False, False), "vc": (None, True, False), "p128vc": (WIDE_TILE, True, False),
@@ -304,6 +313,39 @@ def _tiled_pv_output(saved, cfg: SageConfig, tile: int, v_per_channel: bool, run
     else:
         o = (pv * (w * p_scale).unsqueeze(-1) * s_v[:, :, None, :, None]).sum(dim=-2) / l.unsqueeze(-1)
     return o.to(saved.v.dtype), row_max.squeeze(-1) + torch.log(l)
+
+
+def _shifted_pv_output(saved, cfg: SageConfig, tile: int = WIDE_TILE, levels: int = QMAX):
+    """(O, LSE) of variant r8i: P~ against the running max rounded up to a whole log2 step, the integer sum of the
+    tiles' P^ V^ shifted right by each rise of that reference (int64 here, exactly what an int32 accumulator holds
+    below 2^31), V INT8 per channel over the sequence, its scale applied to O's columns at the end.
+    levels: P^ = round(levels P~); 254 is r8o's (P' = P^ - 127 in INT8, the offset added back as 127 times the
+    tile's column sums of V^)."""
+    b, h, n, d = saved.v.shape
+    ct = compute_dtype(saved.v.dtype)
+    v_hat, c_v = quantize_groups(saved.v.to(ct), n, -2, cfg.quantize)         # c_v (B,H,1,D)
+    s2 = scores(saved.q_hat, saved.s_q, saved.k_hat, saved.s_k, saved.mu_q, saved.k_sm, cfg,
+                1.0 / math.sqrt(d)) * LOG2E                                  # log2 units, as the kernels
+    tn = n // tile
+    s_tiles = s2.reshape(b, h, n, tn, tile)
+    run_max = s_tiles.amax(dim=-1).cummax(dim=-1).values   # finite from tile 0: key 0 is never masked
+    # tile 0's maximum itself, then whole log2 steps above it
+    ref = run_max[..., :1] + torch.ceil(run_max - run_max[..., :1])
+    e = torch.exp2(s_tiles - ref.unsqueeze(-1))                     # <= 1
+    p_hat = torch.round(levels * e).to(torch.int64)
+    v_int = v_hat.to(torch.int64).reshape(b, h, tn, tile, d)
+    acc = torch.zeros(b, h, n, d, dtype=torch.int64)
+    l = torch.zeros(b, h, n, dtype=e.dtype)
+    for j in range(tn):
+        if j:
+            rise = torch.round(ref[..., j] - ref[..., j - 1]).to(torch.int64)    # whole steps, >= 0
+            acc = torch.bitwise_right_shift(acc, rise.unsqueeze(-1))
+            l = l * torch.exp2(-rise.to(l.dtype))
+        acc = acc + torch.einsum("bhnk,bhkd->bhnd", p_hat[..., j, :], v_int[:, :, j])
+        l = l + e[..., j, :].sum(dim=-1)
+    assert acc.abs().max() < 2**31, "the integer sum would overflow an int32 accumulator"
+    o = acc.to(ct) * c_v / levels / l.unsqueeze(-1)
+    return o.to(saved.v.dtype), (ref[..., -1] + torch.log2(l)) / LOG2E
 
 
 def _tiled_x_dq(saved, inter, cfg: SageConfig, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -488,6 +530,11 @@ def run_variants(q, k, v, do, cfg: SageConfig, variants) -> dict[str, dict[str, 
             saved_w = saved._replace(o=o_w, lse=lse_w)
             (dq_w, dk_w, dv_w), inter_w = backward(saved_w, do, cfg, return_intermediates=True)
             out[name] = {"o": o_w, "dq": dq_w, "dk": dk_w, "dv": dv_w, "ds": inter_w.ds}
+        elif name in ("r8i", "r8o"):
+            o_i, lse_i = _shifted_pv_output(saved, cfg, levels=QMAX if name == "r8i" else 2 * QMAX)
+            saved_i = saved._replace(o=o_i, lse=lse_i)
+            (dq_i, dk_i, dv_i), inter_i = backward(saved_i, do, cfg, return_intermediates=True)
+            out[name] = {"o": o_i, "dq": dq_i, "dk": dk_i, "dv": dv_i, "ds": inter_i.ds}
         elif name == "kc":
             dq_kc, ds_kc = _channel_k_dq(saved, inter, q, k, cfg)
             out[name] = {**base, "dq": dq_kc, "ds": ds_kc}
@@ -600,10 +647,10 @@ def main(argv=None) -> int:
                          ("--seq", [args.seq])):
         if any(not v > 0 for v in values):
             parser.error(f"{flag} {' '.join(f'{v:g}' for v in values)}: every value must be positive")
-    wide = {"e", "p128", "p128vc", "r8"} & set(args.variants)   # 128-token groups or tiles
+    wide = {"e", "p128", "p128vc", "r8", "r8i", "r8o"} & set(args.variants)   # 128-token groups or tiles
     if args.seq % max(args.block_q, args.block_kv, 128 if wide else 1):
         print(f"error: --seq {args.seq} must be a multiple of the blocks (and of 128 for variants e, p128, "
-              "p128vc, r8)", file=sys.stderr)
+              "p128vc, r8, r8i, r8o)", file=sys.stderr)
         return 2
     if args.k_outliers and not (0 < args.k_outliers[0] <= 1 and args.k_outliers[1] > 0):
         parser.error(f"--k-outliers {args.k_outliers[0]:g} {args.k_outliers[1]:g}: a fraction in (0, 1] and a "

@@ -4,8 +4,8 @@
 #     after `git apply docs/measurements/probe-token-forward-r8o.patch`: the forward of variants r8o and r8i
 #     (tools.quant_study; no per-tile weighting of O and no flush: the int32 sum shifted right when the reference
 #     rises in whole log2 steps) against main's, i.i.d. and attention-sink inputs, its correctness check first
-#     (docs/measurements/r8o-probe.py). Offline (Triton 3.6): main 11.9 SASS per score element, r8o 12.3 (16 B
-#     spilled), r8i 11.0 (none).
+#     (docs/measurements/r8o-probe.py), d=64 and (r8i) d=128. Offline (Triton 3.6): d=64 main 11.9 SASS per score
+#     element, r8o 12.3 (16 B spilled), r8i 11.0 (none); d=128 main 14.7 (13.5 with its branch taken), r8i 11.9.
 #   run(command="bash docs/measurements/gpu-next-1130.sh fp32acc", carry=[".whl", ".cache"]): the trainer's step with
 #     DeepSpeed's BF16_Optimizer (train.grad_accum_dtype=fp32) by kernel and idle time, both attentions, beside the
 #     default engine and the stand-in (benchmarks.train_throughput --profile), then two trainer pairs in it.
@@ -20,7 +20,7 @@ case "${1:-}" in
     PYTHONPATH=$PWD timeout 500 python3 docs/measurements/lazy-flush-probe.py "$2" 2>&1 | grep -v Warn | tail -50 ;;
   r8o)
     PYTHONPATH=$PWD timeout 120 python3 docs/measurements/r8o-probe.py check 2>&1 | grep -v Warn | tail -30
-    PYTHONPATH=$PWD timeout 400 python3 docs/measurements/r8o-probe.py time "$2" 2>&1 | grep -v Warn | tail -40 ;;
+    PYTHONPATH=$PWD timeout 450 python3 docs/measurements/r8o-probe.py time "$2" 2>&1 | grep -v Warn | tail -50 ;;
   fp32acc)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:$PWD MLFLOW_DISABLE_TELEMETRY=true

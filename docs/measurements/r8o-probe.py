@@ -9,9 +9,11 @@ of the reference, the offset added back as 127 x V^'s column sums per tile; V^ p
 check: the probe kernel's O and LSE against the exact integer model of the same operands (q8, s_q as the kernel
 wrote them, k8, s_k, V^ per channel), causal and full, two shapes; prints the largest differences.
 time: the forward kernel against main's (the same process, the env switch SAGEBWD_PROBE_R8O), on i.i.d. inputs and
-on inputs with an attention sink: r8o and r8i (SAGEBWD_PROBE_R8O=o|i) at 168 registers, r8i at 144 too; the op's
-per-tile V scales stand in for per-channel ones (timing only). Offline (Triton 3.6, `tools.offline --loop-mix`): main
-11.9 SASS per score element, r8o 12.3 (16 B spilled at 168: the column sums' loads and adds), r8i 11.0 (no spill).
+on inputs with an attention sink: at d=64 r8o and r8i (SAGEBWD_PROBE_R8O=o|i) at 168 registers, r8i at 144 too; at
+d=128 r8i uncapped and at 168 registers with 2 stages (3 programs an SM); the op's per-tile V scales stand in for
+per-channel ones (timing only). Offline (Triton 3.6, `tools.offline --loop-mix`): at d=64 main 11.9 SASS per score
+element, r8o 12.3 (16 B spilled at 168: the column sums' loads and adds), r8i 11.0 (no spill); at d=128 main 14.7
+(13.5 with its lazy rescale's branch taken), r8i 11.9 (255 registers, no spill; 96 B spilled at 168).
 
 check ran clean on the CPU (TRITON_INTERPRET=1): O within 4e-5 (rel. L2, fp32 output) and LSE within 3e-6 of the
 integer model for both variants."""
@@ -63,8 +65,10 @@ def check():
     from sagebwd.triton._common import k_order_index
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     worst = {}
-    for variant, (b, h, n, d), causal in [(v, s, c) for v in ("o", "i") for s, c in
-                                          [((1, 2, 256, 64), True), ((1, 2, 256, 64), False), ((1, 1, 512, 64), True)]]:
+    cases = [(v, s, c) for v in ("o", "i") for s, c in
+             [((1, 2, 256, 64), True), ((1, 2, 256, 64), False), ((1, 1, 512, 64), True)]]
+    cases += [("i", (1, 2, 256, 128), True), ("i", (1, 1, 384, 128), False)]   # r8i at d=128 (two halves of O)
+    for variant, (b, h, n, d), causal in cases:
         os.environ["SAGEBWD_PROBE_R8O"] = variant
         gen = torch.Generator().manual_seed(n + causal)
         q, k, v = [(torch.randn(b, h, n, d, generator=gen) * 2).bfloat16().to(dev) for _ in range(3)]
@@ -93,7 +97,7 @@ def time(name):
     from sagebwd.triton import attention
     from sagebwd.triton.launch import Tuning
     rows = []
-    for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64)]:
+    for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64), (8, 8, 4096, 128)]:
         for sink in (False, True):
             torch.manual_seed(0)
             q, k, v = [torch.randn(*shape, device="cuda") for _ in range(3)]
@@ -104,9 +108,12 @@ def time(name):
                 k[:, :, 0] += c
             q, k, v = [t.bfloat16() for t in (q, k, v)]
             for causal in (True, False):
-                for probe, cap in (("", None), ("i", 168), ("o", 168), ("i", 144)):
+                settings = ((("", None), ("i", 168), ("o", 168), ("i", 144)) if shape[-1] == 64 else
+                            (("", None), ("i", None), ("i", 168)))   # d=128: uncapped (255), or 168 at 2 stages
+                for probe, cap in settings:
                     os.environ["SAGEBWD_PROBE_R8O"] = probe
-                    tuning = Tuning(overrides={"forward": {"maxnreg": cap}} if cap else {})
+                    knobs = {"maxnreg": cap, **({"num_stages": 2} if shape[-1] == 128 else {})} if cap else {}
+                    tuning = Tuning(overrides={"forward": knobs} if knobs else {})
 
                     def call():
                         return attention(q, k, v, causal, True, False, 128, 64, "token", tuning=tuning)

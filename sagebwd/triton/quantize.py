@@ -494,7 +494,8 @@ def _quantize_qkv_with_mean(q, k, v, block_q: int, block_kv: int, *, smooth_q: b
         k8t if k8t is not None else dummy, s_k, v8t, s_v, partial, counters, *q.stride(), *k.stride(), *v.stride(),
         h, n, b * h, chunks, lag,
         TILE=tile, BLOCK_Q=block_q, BLOCK_KV=block_kv, BLOCK_V=block_v, HEAD_DIM=d, SMOOTH_Q=smooth_q,
-        COLS=writes_cols(cols, token), TOKEN=token, SKIP_Q=not quantize_q, MEAN_ROWS=rows, MEAN_STEP=step, CHUNKS_P2=triton.next_power_of_2(chunks),
+        COLS=writes_cols(cols, token), TOKEN=token, SKIP_Q=not quantize_q, MEAN_ROWS=rows, MEAN_STEP=step,
+        CHUNKS_P2=triton.next_power_of_2(chunks),
         num_warps=_warps(tile, d), **_pdl(pdl), tuning=tuning)
     return (*outputs, k_mean)
 

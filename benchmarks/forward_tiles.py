@@ -27,14 +27,36 @@ def forward_ms(shape, causal: bool, block_kv: int, maxnreg: int | None, iters: i
     """Milliseconds per call of the forward kernel and of the quantise launch."""
     import torch
 
-    from sagebwd.triton import attention
     from sagebwd.triton.launch import Tuning
     q, k, v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     tuning = Tuning(overrides={"forward": {"maxnreg": maxnreg}} if maxnreg else {})
+    return token_forward_ms(q, k, v, causal, tuning, block_kv, iters)
+
+
+def token_forward_ms(q, k, v, causal: bool, tuning=None, block_kv: int = 64, iters: int = 10) -> dict:
+    """call_ms of the token op on q, k, v (K-smoothing, block_q 128) under a launch.Tuning: what the forward
+    probes in docs/measurements time against main's forward."""
+    from sagebwd.triton import attention
 
     def call():
         return attention(q, k, v, causal, True, False, 128, block_kv, "token", tuning=tuning)
     return call_ms(call, iters)
+
+
+def probe_inputs(shape, sink: bool, device: str = "cuda"):
+    """bf16 q, k, v (B, H, N, D) of seed 0, Gaussian; with `sink`, an attention sink: a shared direction c in every
+    query and in key 0, so that S[i, 0] ~ |c|^2 / sqrt(D) = 16 while the other scores are ~N(0, 3) (their largest
+    of 4096 near 6): every query's largest score is at key 0, as trained models have it, and an online softmax's
+    running maximum never rises after the first tile."""
+    import torch
+    torch.manual_seed(0)
+    q, k, v = [torch.randn(*shape, device=device) for _ in range(3)]
+    if sink:
+        c = torch.randn(shape[-1], device=device)
+        c = c / c.norm() * (16 * shape[-1] ** 0.5) ** 0.5
+        q = q + c
+        k[:, :, 0] += c
+    return [t.bfloat16() for t in (q, k, v)]
 
 
 def call_ms(call, iters: int = 10) -> dict:

@@ -372,3 +372,17 @@ def test_the_token_forward_is_the_quantise_launchs_programmatic_dependent_on_hop
     assert not forward_pdl(q.device, True, None) and not forward_pdl(q.device, True, Tuning(arch="generic"))
     assert forward_pdl(q.device, True, Tuning(arch="sm90")) and not forward_pdl(q.device, False, Tuning(arch="sm90"))
     assert forward_pdl(q.device, False, Tuning(overrides={"pdl": True}))
+
+
+def test_probe_inputs_put_every_querys_largest_score_at_key_0_with_a_sink():
+    """benchmarks.forward_tiles.probe_inputs: the forward probes' inputs; with sink=True every query's largest
+    score is at key 0 (an online softmax's running maximum never rises after the first tile), without it almost
+    none is."""
+    import torch
+
+    from benchmarks.forward_tiles import probe_inputs
+    for sink in (True, False):
+        q, k, v = probe_inputs((1, 2, 1024, 64), sink, device="cpu")
+        assert q.dtype == k.dtype == v.dtype == torch.bfloat16 and q.shape == (1, 2, 1024, 64)
+        first = ((q.float() @ k.float().transpose(-1, -2)).argmax(dim=-1) == 0).float().mean().item()
+        assert first == 1.0 if sink else first < 0.01, (sink, first)

@@ -15,10 +15,7 @@ import json
 import os
 import sys
 
-import torch
-
-from benchmarks.forward_tiles import call_ms
-from sagebwd.triton import attention
+from benchmarks.forward_tiles import probe_inputs, token_forward_ms
 from sagebwd.triton.launch import Tuning
 
 # (SAGEBWD_PROBE_LAZY tau or None for main's forward, SAGEBWD_PROBE_KEYS, the forward's register cap)
@@ -26,22 +23,10 @@ CONFIGS = [(None, None, None), ("1.0", "128", 200), ("1.0", "128", 168), ("1.0",
            ("0.0", "64", 168)]
 
 
-def inputs(shape, sink: bool):
-    torch.manual_seed(0)
-    q, k, v = [torch.randn(*shape, device="cuda") for _ in range(3)]
-    if sink:   # a shared direction c in every query and in key 0: S[i, 0] ~ |c|^2 / sqrt(D) = 16, the other
-        # scores ~ N(0, 3) (their largest of 4096 near 6)
-        c = torch.randn(shape[-1], device="cuda")
-        c = c / c.norm() * (16 * shape[-1] ** 0.5) ** 0.5
-        q = q + c
-        k[:, :, 0] += c
-    return [t.bfloat16() for t in (q, k, v)]
-
-
 rows = []
 for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64)]:
     for sink in (False, True):
-        q, k, v = inputs(shape, sink)
+        q, k, v = probe_inputs(shape, sink)
         for causal in (True, False):
             for tau, keys, cap in CONFIGS:
                 for name, value in (("SAGEBWD_PROBE_LAZY", tau), ("SAGEBWD_PROBE_KEYS", keys)):
@@ -50,10 +35,7 @@ for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64)]:
                     else:
                         os.environ[name] = value
                 tuning = Tuning(overrides={"forward": {"maxnreg": cap}} if cap else {})
-
-                def call():
-                    return attention(q, k, v, causal, True, False, 128, 64, "token", tuning=tuning)
-                fwd = call_ms(call)["forward_ms"]
+                fwd = token_forward_ms(q, k, v, causal, tuning)["forward_ms"]
                 rows.append(dict(shape=shape, sink=sink, causal=causal, tau=tau, keys=keys, maxnreg=cap,
                                  forward_ms=fwd))
                 print(f"{shape} {'sink' if sink else 'iid ':4s} {'causal' if causal else 'full':6s} tau={tau} "

@@ -93,20 +93,12 @@ def check():
 
 
 def time(name):
-    from benchmarks.forward_tiles import call_ms
-    from sagebwd.triton import attention
+    from benchmarks.forward_tiles import probe_inputs, token_forward_ms
     from sagebwd.triton.launch import Tuning
     rows = []
     for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64), (8, 8, 4096, 128)]:
         for sink in (False, True):
-            torch.manual_seed(0)
-            q, k, v = [torch.randn(*shape, device="cuda") for _ in range(3)]
-            if sink:   # every query's largest score at key 0 (as the lazy-flush probe's inputs)
-                c = torch.randn(shape[-1], device="cuda")
-                c = c / c.norm() * (16 * shape[-1] ** 0.5) ** 0.5
-                q = q + c
-                k[:, :, 0] += c
-            q, k, v = [t.bfloat16() for t in (q, k, v)]
+            q, k, v = probe_inputs(shape, sink)
             for causal in (True, False):
                 settings = ((("", None), ("i", 168), ("o", 168), ("i", 144)) if shape[-1] == 64 else
                             (("", None), ("i", None), ("i", 168)))   # d=128: uncapped (255), or 168 at 2 stages
@@ -114,10 +106,7 @@ def time(name):
                     os.environ["SAGEBWD_PROBE_R8O"] = probe
                     knobs = {"maxnreg": cap, **({"num_stages": 2} if shape[-1] == 128 else {})} if cap else {}
                     tuning = Tuning(overrides={"forward": knobs} if knobs else {})
-
-                    def call():
-                        return attention(q, k, v, causal, True, False, 128, 64, "token", tuning=tuning)
-                    fwd = call_ms(call)["forward_ms"]
+                    fwd = token_forward_ms(q, k, v, causal, tuning)["forward_ms"]
                     rows.append(dict(shape=shape, sink=sink, causal=causal, probe=probe, maxnreg=cap, forward_ms=fwd))
                     print(f"{shape} {'sink' if sink else 'iid ':4s} {'causal' if causal else 'full':6s} "
                           f"{'r8' + probe if probe else 'main'} cap={cap}: fwd {fwd:.4f} ms", flush=True)
@@ -125,7 +114,9 @@ def time(name):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "check":
+    if sys.argv[1:] == ["check"]:
         check()
-    else:
+    elif len(sys.argv) == 3 and sys.argv[1] == "time":
         time(sys.argv[2])
+    else:
+        sys.exit(f"usage: python {sys.argv[0]} check | time NAME (got {' '.join(sys.argv[1:]) or 'no arguments'})")

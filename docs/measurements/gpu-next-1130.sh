@@ -1,5 +1,6 @@
 # The next GPU session's prepared calls (written in the twenty-third session, 2026-11-29; `lazy` ran in the
-# twenty-fourth as call 1 of gpu-calls-h200-1129b.sh, which added `r8o` and `fp32acc`). From the repository root:
+# twenty-fourth as call 1 of gpu-calls-h200-1129b.sh, which added `r8o` and `fp32acc`; those two ran in the
+# twenty-fifth as calls 1 and 2 of gpu-calls-h200-1129c.sh). All three are records now. From the repository root:
 #   run(command="bash docs/measurements/gpu-next-1130.sh r8o r8o-probe-h200-next")
 #     after `git apply docs/measurements/probe-token-forward-r8o.patch`: the forward of variants r8o and r8i
 #     (tools.quant_study; no per-tile weighting of O and no flush: the int32 sum shifted right when the reference

@@ -1,0 +1,26 @@
+# The twenty-fifth session's device calls (2026-11-29, H200 `nvidia-h200`, torch 2.11, Triton 3.6.0), from the
+# repository root, in order:
+#   1. run(command="bash docs/measurements/gpu-next-1130.sh r8o r8o-probe-h200-1129c")
+#        after `git apply docs/measurements/probe-token-forward-r8o.patch` (reverted after the call): the r8o / r8i
+#        forward probe's check and its times against main's forward (r8o-probe-h200-1129c.json)
+#   2. run(command="bash docs/measurements/gpu-next-1130.sh fp32acc", carry=[".whl", ".cache"]): the trainer's step
+#        with DeepSpeed's BF16_Optimizer by kernel and idle time, then two trainer pairs in it
+#   3. run(command="bash docs/measurements/gpu-calls-h200-1129c.sh fp32acc-pairs", carry=[".whl", ".cache"]): four more
+#        trainer pairs with BF16_Optimizer (trainer-pairs-fp32acc-h200-1129d.json)
+#   4. run(command="bash docs/measurements/gpu-calls-h200-1129c.sh gpu-tests", carry=[".whl"]): the GPU tests on
+#        today's tree (tests/test_triton_gpu.py; gpu-tests-h200-1129c.txt)
+set -u
+case "${1:-}" in
+  fp32acc-pairs)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD MLFLOW_DISABLE_TELEMETRY=true
+    timeout 560 python3 -m benchmarks.pairs --pairs 4 --json "$OUT/trainer-pairs-fp32acc-h200-1129d.json" -- --case \
+      experiments/configs/gpu-124m.yaml@4096x4 --loss chunked --steps 20 --engine deepspeed \
+      --compile reduce-overhead --set train.grad_accum_dtype=fp32 2>&1 | tail -9 ;;
+  gpu-tests)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site:$PWD timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_triton_gpu.py \
+      > "$OUT/gpu-tests-h200-1129c.txt" 2>&1
+    tail -3 "$OUT/gpu-tests-h200-1129c.txt" ;;
+  *) echo "usage: bash $0 fp32acc-pairs | gpu-tests" >&2; exit 2 ;;
+esac

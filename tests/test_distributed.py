@@ -4,10 +4,10 @@ DeepSpeed-Ulysses DistributedAttention and a real MLflow sqlite store.
 Every world below trains on the same global batch (4 sequences of 64 tokens per step), so
 all of them must give the reference's loss and pre-clip grad norm per step: DP=2, SP=2
 (ZeRO stages 0 and 3: DeepSpeed issue 5248 made SP gradients stage dependent), DP=2 x SP=2
-(4 processes, started through Slurm's variables); DP=2 and SP=2 in bf16 with DeepSpeed's BF16_Optimizer must give
-their own one-process bf16 curve; and a run killed with SIGKILL or stopped
-with SIGUSR1, then resumed with `--resume auto`, must repeat the reference bit for bit in
-one MLflow run.
+(4 processes, started through Slurm's variables); DP=2 and SP=2 in bf16 with DeepSpeed's
+BF16_Optimizer must give their own one-process bf16 curve; and a run killed with SIGKILL or
+stopped with SIGUSR1, then resumed with `--resume auto`, must repeat the reference bit for bit
+in one MLflow run.
 
 Each process is started directly (RANK/WORLD_SIZE/MASTER_* as torchrun would set them) and
 every wait has a deadline: a rank that fails must not leave its peers hanging the suite.

@@ -191,9 +191,10 @@ def bf16_reference(store):
 ])
 def test_bf16_optimizer_worlds_match_one_process(store, bf16_reference, name, extra):
     """BF16_Optimizer (opt-in: +8-9% tokens/s on one H200, docs/benchmarks.md) reduces its gradients over DP and over
-    Ulysses' SP group: the curve of one process, up to bf16's rounding of sums split another way (measured: loss
-    within 3e-5 relative, pre-clip grad norm within 2e-3). A rank's share of the gradient left out moves the norm
-    by far more than the 1e-2 allowed (one process on half the batch: 27-49% per step)."""
+    Ulysses' SP group: the curve of one process, up to bf16's rounding of sums split another way (measured by
+    docs/measurements/bf16-optimizer-worlds-cpu.py: loss within 3e-5 relative, pre-clip grad norm within 2e-3). A
+    rank's share of the gradient left out moves the norm by far more than the 1e-2 allowed (one process on half the
+    batch: 27-49% per step)."""
     run_world(2, name, store, [*extra, *BF16_FP32_ACCUMULATION])
     assert "begin bf16_optimizer" in (store / name / "rank0.log").read_text()   # DeepSpeed's note as it builds it
     got = curves(store, name)

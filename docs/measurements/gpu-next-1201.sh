@@ -1,4 +1,5 @@
-# The next GPU session's prepared calls (written in the twenty-fifth session, 2026-11-29). From the repository root:
+# The next GPU session's prepared calls (written in the twenty-fifth session, 2026-11-29; both run in the twenty-sixth:
+# docs/measurements/gpu-calls-h200-1129d.sh). From the repository root:
 #   run(command="bash docs/measurements/gpu-next-1201.sh ws ws-forward-probe-h200-next")
 #     the token d=64 forward in FlashAttention-3's program shape (docs/measurements/ws-forward-probe.py: two consumer
 #     warpgroups of 64 rows at 240 registers, a TMA producer warp, P^ kept in registers as the P^ V^ product's A

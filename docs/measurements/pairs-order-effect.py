@@ -5,7 +5,9 @@ skipped: their pairs are in the others).
 
     python docs/measurements/pairs-order-effect.py
 
-Printed on 2026-11-29: 21 pairs with FPA first, mean 0.969; 17 with token first, mean 0.983.
+Printed on 2026-11-29 (twenty-fifth session): 21 pairs with FPA first, mean 0.969; 17 with token first, mean 0.983.
+With the twenty-sixth session's four (trainer-pairs-fp32acc-h200-1129e.json): 23 with FPA first, mean 0.971; 19 with
+token first, mean 0.983.
 """
 import glob
 import json

@@ -1,5 +1,7 @@
-"""PROBE (prepared in the twenty-fifth session, 2026-11-29; compiled offline, not yet run on a GPU): the token
-contract's d=64 forward in FlashAttention-3's program shape, in Gluon.
+"""PROBE (prepared in the twenty-fifth session, run in the twenty-sixth, 2026-11-29): the token contract's d=64
+forward in FlashAttention-3's program shape, in Gluon. On an H200 its O equals the Triton forward's and it runs
+19-23% slower: its two consumer warps a scheduler are too few for this issue-bound loop (the `occupancy` mode:
+the Triton forward at that occupancy loses 14-26% too; docs/kernel-notes.md, "Twenty-sixth session"). Not kept.
 
 One program per 128 q rows and head, one program an SM: two consumer warpgroups of 64 rows each (warp-specialised
 partitions at 240 registers, setmaxnreg) and a producer warp (24 registers) that copies Q^ once, then K^, V^T and s_K
@@ -15,6 +17,9 @@ is compared with reads the same Q^ (no QUANTIZE_Q), so both kernels do the same 
                                                                  consumers' loop in SASS per score element)
     python docs/measurements/ws-forward-probe.py check         (GPU: O and LSE against the Triton forward's)
     python docs/measurements/ws-forward-probe.py time NAME     (GPU: both kernels, writes $OUT/NAME.json)
+    python docs/measurements/ws-forward-probe.py occupancy NAME
+        (GPU: the Triton forward with 2, 3 and 4 programs an SM, set by its ring's depth, i.e. by its shared memory;
+         the probe runs 2 warps on each of an SM's four schedulers; writes $OUT/NAME.json)
 
 The offline mode needs Triton 3.6 (the GPU's) first on PYTHONPATH; from the repository root.
 """
@@ -247,10 +252,10 @@ def run_probe(q8, k8, v8t, s_q, s_k, s_v, causal: bool):
     return o, lse
 
 
-def run_triton(q8, k8, v8t, s_q, s_k, s_v, causal: bool):
+def run_triton(q8, k8, v8t, s_q, s_k, s_v, causal: bool, tuning=None):
     from sagebwd.triton import forward
     return forward.run(q8, k8, v8t, s_q, s_k, s_v, out_dtype=torch.bfloat16, causal=causal, smooth_k=True, mu_q=None,
-                       k=None, k_mean=None, block_q=128, block_kv=64, layout_of=None, quant="token")
+                       k=None, k_mean=None, block_q=128, block_kv=64, layout_of=None, quant="token", tuning=tuning)
 
 
 def offline():
@@ -316,6 +321,44 @@ def time(name):
     json.dump(rows, open(os.path.join(os.environ.get("OUT", "/tmp"), name + ".json"), "w"), indent=1)
 
 
+def programs_per_sm(compiled, warps: int) -> int:
+    """Resident programs an SM (Hopper: 64 K registers, 227 KB of shared memory a block's limit, 228 KB an SM with
+    1 KB reserved a block, 64 warps)."""
+    by_regs = 65536 // (compiled.n_regs * 32 * warps)
+    by_smem = 233472 // (compiled.metadata.shared + 1024) if compiled.metadata.shared else 32
+    return min(by_regs, by_smem, 64 // warps)
+
+
+def occupancy(name):
+    """The Triton forward with its ring 3 (today), 4, 5 and 6 tiles deep: each stage holds a K^ and a V^T tile, so
+    the depth sets how many programs share an SM (4 warps each); the question is whether the probe's loss is its two
+    warps a scheduler."""
+    from benchmarks.attention import profiled_ms
+    from benchmarks.forward_tiles import probe_inputs
+    from sagebwd.triton.launch import Tuning
+    rows = []
+    for shape in [(8, 16, 4096, 64), (4, 12, 4096, 64)]:
+        ops = operands(*probe_inputs(shape, False))
+        for causal in (True, False):
+            row = dict(shape=shape, causal=causal)
+            for stages in (3, 4, 5, 6):
+                tuning = Tuning(overrides={"forward": {"num_stages": stages}}, compiled={})
+                ms = profiled_ms(lambda: run_triton(*ops, causal, tuning), 10, warmup=3)
+                compiled = tuning.compiled["forward"]
+                row[f"stages{stages}"] = dict(ms=next(t for k, t in ms.items() if "forward_kernel" in k),
+                                              regs=compiled.n_regs, shared=compiled.metadata.shared,
+                                              programs_per_sm=programs_per_sm(compiled, 4))
+            ms = profiled_ms(lambda: run_probe(*ops, causal), 10, warmup=3)
+            row["ws"] = next(t for k, t in ms.items() if "forward_kernel" in k)
+            rows.append(row)
+            base = row["stages3"]["ms"]
+            cells = ", ".join(f"{s}: {v['ms']:.4f} ms {v['programs_per_sm']}/SM ({100 * (v['ms'] / base - 1):+.1f}%)"
+                              for s, v in row.items() if s.startswith("stages"))
+            print(f"{shape} {'causal' if causal else 'full':6s}: {cells}; ws {row['ws']:.4f} ms "
+                  f"({100 * (row['ws'] / base - 1):+.1f}%)", flush=True)
+    json.dump(rows, open(os.path.join(os.environ.get("OUT", "/tmp"), name + ".json"), "w"), indent=1)
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["offline"]:
         offline()
@@ -323,6 +366,8 @@ if __name__ == "__main__":
         check()
     elif len(sys.argv) == 3 and sys.argv[1] == "time":
         time(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "occupancy":
+        occupancy(sys.argv[2])
     else:
-        sys.exit(f"usage: python {sys.argv[0]} offline | check | time NAME "
+        sys.exit(f"usage: python {sys.argv[0]} offline | check | time NAME | occupancy NAME "
                  f"(got {' '.join(sys.argv[1:]) or 'no arguments'})")

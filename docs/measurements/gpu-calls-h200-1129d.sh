@@ -15,6 +15,8 @@
 #        .cute2 come from `bash ../shared/device/fetch_cute_wheels.sh`, .whl-cudnn holds nvidia-cudnn-frontend 1.32.0's
 #        wheel alone (`pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
 #        manylinux_2_28_x86_64 -d .whl-cudnn nvidia-cudnn-frontend==1.32.0`)
+#   6. run(command="bash docs/measurements/gpu-calls-h200-1129d.sh host"): where the token op's host time per
+#        fwd+bwd goes at the trainer's shape (host-profile-h200-1129d.json)
 set -u
 case "${1:-}" in
   occupancy)
@@ -38,5 +40,8 @@ case "${1:-}" in
     export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
     timeout 570 python3 -m benchmarks.attention --check-baselines --baselines FLASH CUDNN FA4 CUDNN-FP8 \
       --shapes 8,16,4096,64 8,8,4096,128 --json "$OUT/bench-baselines-h200-1129d.json" 2>&1 | tail -45 ;;
-  *) echo "usage: bash $0 occupancy | fp32acc-pairs | graph | table" >&2; exit 2 ;;
+  host)
+    PYTHONPATH=$PWD timeout 400 python3 -m tools.host_profile --quant token --shape 4,12,4096,64 --calls 50 --top 40 \
+      --json "$OUT/host-profile-h200-1129d.json" 2>&1 | grep -v Warn | tail -120 ;;
+  *) echo "usage: bash $0 occupancy | fp32acc-pairs | graph | table | host" >&2; exit 2 ;;
 esac

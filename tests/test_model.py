@@ -60,6 +60,34 @@ def test_rope_scores_depend_only_on_relative_position():
     torch.testing.assert_close(rotated.norm(), q.norm())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_is_the_rotate_half_formula_bit_for_bit(dtype):
+    """RotaryEmbedding computes x cos + flip(x) sin on the (2, head_dim/2) view of the channels (an index remap
+    under torch.compile, where torch.cat of the halves made a slow kernel): the values and the gradients must be
+    the Llama/HF rotate-half formula's, bit for bit, with and without positions (a sequence-parallel shard's)."""
+    torch.manual_seed(0)
+    head_dim, max_len, theta = 64, 512, 10000.0
+    rope = RotaryEmbedding(head_dim=head_dim, max_seq_len=max_len, theta=theta)
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
+
+    def rotate_half(x, positions):
+        cos, sin = angles.cos().float(), angles.sin().float()
+        cos, sin = (cos[:x.shape[-2]], sin[:x.shape[-2]]) if positions is None else (cos[positions], sin[positions])
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
+
+    for positions in (None, torch.arange(100, 357)):
+        x = torch.randn(2, 3, 257, head_dim, dtype=dtype, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_(True)
+        out, ref = rope(x, positions), rotate_half(x_ref, positions)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        ref.backward(grad)
+        assert torch.equal(out, ref)
+        assert torch.equal(x.grad, x_ref.grad)
+
+
 def _capture_core_inputs(model: Llama, monkeypatch) -> list[tuple]:
     seen = []
     core_cls = type(model.blocks[0].attn.core)

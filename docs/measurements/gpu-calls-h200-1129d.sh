@@ -30,6 +30,11 @@
 #  10. run(command="bash docs/measurements/gpu-calls-h200-1129d.sh rope-ab-token", carry=[".whl", ".cache"]), the
 #        same trees: the trainer's step with sagebwd token (trainer-ab-rope-flip-token-h200-1129d.json)
 set -u
+trainer_trees() {   # the wheels, and /tmp/base: the checkout with .gpu/basefiles (5804b96's model/layers.py) over it
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  rm -rf /tmp/base && mkdir -p /tmp/base && cp -r benchmarks data_prep experiments launcher model sagebwd tools \
+    setup.cfg /tmp/base/ && cp -r .gpu/basefiles/. /tmp/base/
+}
 case "${1:-}" in
   occupancy)
     PYTHONPATH=$PWD timeout 400 python3 docs/measurements/ws-forward-probe.py occupancy ws-occupancy-h200-1129d 2>&1 \
@@ -68,10 +73,8 @@ case "${1:-}" in
     done
     ls -la "$OUT/inductor" ;;
   rope-ab)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    trainer_trees
     export PYTHONPATH=/tmp/site:$PWD MLFLOW_DISABLE_TELEMETRY=true
-    rm -rf /tmp/base && mkdir -p /tmp/base && cp -r benchmarks data_prep experiments launcher model sagebwd tools \
-      setup.cfg /tmp/base/ && cp -r .gpu/basefiles/. /tmp/base/
     timeout 420 python3 -m benchmarks.ab /tmp/base --benchmark train_throughput --rounds 2 \
       --json "$OUT/trainer-ab-rope-flip-h200-1129d.json" -- --case experiments/configs/gpu-124m.yaml@4096x4 \
       --loss chunked --steps 20 --engine deepspeed --attention fpa --compile reduce-overhead 2>&1 | tail -8
@@ -80,18 +83,14 @@ case "${1:-}" in
       > "$OUT/profile-step-fpa-rope-flip-h200-1129d.txt" 2>&1
     grep "ms per step\|triton_poi\|triton_per" "$OUT/profile-step-fpa-rope-flip-h200-1129d.txt" | cut -c1-140 ;;
   rope-ab-token)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    trainer_trees
     export PYTHONPATH=/tmp/site:$PWD MLFLOW_DISABLE_TELEMETRY=true
-    rm -rf /tmp/base && mkdir -p /tmp/base && cp -r benchmarks data_prep experiments launcher model sagebwd tools \
-      setup.cfg /tmp/base/ && cp -r .gpu/basefiles/. /tmp/base/
     timeout 330 python3 -m benchmarks.ab /tmp/base --benchmark train_throughput --rounds 2 \
       --json "$OUT/trainer-ab-rope-flip-token-h200-1129d.json" -- --case experiments/configs/gpu-124m.yaml@4096x4 \
       --loss chunked --steps 20 --engine deepspeed --attention sagebwd-token --compile reduce-overhead 2>&1 | tail -4 ;;
   rope-loss)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    trainer_trees
     export MLFLOW_DISABLE_TELEMETRY=true
-    rm -rf /tmp/base && mkdir -p /tmp/base && cp -r benchmarks data_prep experiments launcher model sagebwd tools \
-      setup.cfg /tmp/base/ && cp -r .gpu/basefiles/. /tmp/base/
     for tree in base head; do
       dir=$([ $tree = base ] && echo /tmp/base || echo "$PWD")
       (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout 240 python3 -m benchmarks.train_throughput --case \

@@ -26,13 +26,13 @@ from launcher.tracking import flatten
 
 # Keys a resumed run may change: they do not change the weights' trajectory up to the
 # checkpoint (train.steps extends or shortens the cosine schedule from here on), or change only
-# how the same model is computed (compilation, the kernel choice, the loss's chunking: the same
+# how the same model is computed (compilation, the kernel choice, the loss's chunking, q, k and v's kernels: the same
 # function to rounding). train.check_grad_overflow changes no finite step, and a non-finite one
 # stops the run either way (launcher/config.py).
 SAFE_KEYS = frozenset({
     "train.steps", "train.log_every", "train.peak_tflops", "train.compile", "train.compile_mode",
     "train.check_grad_overflow",
-    "model.sagebwd_kernels", "model.loss_impl", "model.loss_chunk_tokens",
+    "model.sagebwd_kernels", "model.loss_impl", "model.loss_chunk_tokens", "model.qkv_impl",
     "eval.every", "eval.batches", "checkpoint.every", "checkpoint.keep_last", "data.verify",
 })
 # Keys that say where the run is logged and kept, not what is trained: compared as identity.

@@ -15,6 +15,7 @@ from sagebwd.triton.registry import KernelChoiceError, parse as parse_kernels
 from sagebwd.validate import QUANT_CONTRACTS, SUPPORTED_HEAD_DIMS, key_tile
 
 from model.loss import LossImpl
+from model.qkv import QkvImpl, supports_fused
 
 # GPT-2 BPE has 50257 tokens; 50304 = next multiple of 64, which keeps the embedding and
 # LM-head matmuls on tensor-core friendly shapes (as in nanoGPT). The extra rows are never
@@ -69,6 +70,10 @@ class ModelConfig(BaseModel):
     # loss_chunk_tokens rows of logits at a time. Not an architectural switch.
     loss_impl: LossImpl = "plain"
     loss_chunk_tokens: int = 2048
+    # How q, k, v are made from the qkv projection (split, QK-norm, RoPE; model/qkv.py): "plain", the torch
+    # formula (the reference), or "fused", one Triton kernel each way on CUDA (the same formula to bf16
+    # rounding; on CPU the plain formula runs). Not an architectural switch.
+    qkv_impl: QkvImpl = "plain"
 
     @property
     def head_dim(self) -> int:
@@ -112,6 +117,9 @@ class ModelConfig(BaseModel):
                 f"({self.num_heads}); pick num_heads so that hidden_size / num_heads is the head dim")
         elif self.head_dim % 2:
             problems.append(f"RoPE needs an even head dim, got {self.head_dim}")
+        elif self.qkv_impl == "fused" and not supports_fused(self.head_dim):
+            problems.append(f"model.qkv_impl='fused' needs a power-of-two head dim >= 4, got {self.head_dim}; "
+                            "set model.qkv_impl=plain")
         if self.attention == "fpa" and self.smoothing != "none":
             problems.append(
                 f"model.smoothing={self.smoothing!r} only applies to attention='sagebwd' "

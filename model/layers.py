@@ -45,12 +45,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().float().unsqueeze(-2), persistent=False)
         self.register_buffer("sin", torch.stack((-sin, sin), dim=-2), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        seq = x.shape[-2]
+    def tables(self, seq: int, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at the tokens' positions (0.. seq - 1 by default) as contiguous (seq, head_dim/2) tables in the
+        buffers' dtype, sin unsigned: the fused kernel's operands (model/qkv.py)."""
+        cos, sin = self._at(seq, positions)
+        return cos[:, 0].contiguous(), sin[:, 1].contiguous()
+
+    def _at(self, seq: int, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         if positions is None:
-            cos, sin = self.cos[:seq], self.sin[:seq]
-        else:
-            cos, sin = self.cos[positions], self.sin[positions]
+            return self.cos[:seq], self.sin[:seq]
+        return self.cos[positions], self.sin[positions]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        cos, sin = self._at(x.shape[-2], positions)
         halves = x.float().unflatten(-1, (2, -1))   # (..., seq, 2, head_dim/2): x1 and x2
         rotated = halves * cos + halves.flip(-2) * sin
         return rotated.flatten(-2).type_as(x)

@@ -80,10 +80,11 @@ class CausalSelfAttention(nn.Module):
         """x: (batch, seq, hidden), tokens start_pos.. of their sequences (non-zero for a
         sequence-parallel shard, so RoPE sees the tokens' true positions)."""
         batch, seq, hidden = x.shape
-        # (batch, seq, 3 * hidden) -> three (batch, heads, seq, head_dim) views. Split along the
-        # projection's last dim, the backward joins the three gradients there in one copy (an
-        # unbind of a (batch, seq, 3, heads, head_dim) view stacks them and then copies the stack
-        # into the projection's layout: two copies, 0.3 ms per layer at (8, 16, 4096, 64), H200).
+        # (batch, seq, 3 * hidden) -> q, k, v as (batch, heads, seq, head_dim). "fused": one kernel each
+        # way (model/qkv.py). "plain": views split along the projection's last dim, so the backward joins
+        # the three gradients there in one copy (an unbind of a (batch, seq, 3, heads, head_dim) view
+        # stacks them and then copies the stack into the projection's layout: two copies, 0.3 ms per
+        # layer at (8, 16, 4096, 64), H200).
         qkv = self.qkv(x)
         positions = None if start_pos == 0 else torch.arange(start_pos, start_pos + seq,
                                                              device=x.device)

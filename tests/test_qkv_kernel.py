@@ -185,7 +185,8 @@ def _opcheck_case() -> dict:
 
 FORMULA_CASES = [("bfloat16", True, 130, True, False, "bnhd"), ("bfloat16", False, 130, False, True, "bhnd"),
                  ("float16", True, 64, False, True, "bhnd"), ("float16", False, 96, True, False, "bnhd"),
-                 ("bfloat16", True, 130, False, False, "bhnd", 32), ("bfloat16", False, 100, True, True, "bnhd", 128)]
+                 ("bfloat16", True, 130, False, False, "bhnd", 32), ("bfloat16", False, 100, True, True, "bnhd", 128),
+                 ("float32", True, 64, True, False, "bhnd")]
 
 
 @pytest.fixture(scope="module")

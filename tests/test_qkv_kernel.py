@@ -236,6 +236,8 @@ def test_bad_inputs_are_named(monkeypatch):
         qkv_norm_rope(qkv, 2, None, None, *rope.tables(32), EPS)
     with pytest.raises(ValueError, match="power-of-two head dim"):
         ModelConfig(preset="tiny", hidden_size=96, num_heads=2, qkv_impl="fused")
+    with pytest.raises(ValueError, match=r"(?s)qkv_impl.*'plain' or 'fused'"):
+        ModelConfig(preset="tiny", qkv_impl="triton")
 
 
 def test_fused_runs_the_plain_formula_on_cpu():

@@ -61,10 +61,7 @@ def qkv_rows(shape, norm: bool, iters: int, repeats: int, launches=None) -> list
     grads = [torch.randn(b, h, n, d, device="cuda", generator=gen).bfloat16() for _ in range(3)]
 
     def plain(x):
-        q, k, v = (t.view(b, n, h, d).transpose(1, 2) for t in x.split(h * d, dim=-1))
-        if norm:
-            q, k = norms[0](q), norms[1](k)
-        return rope(q), rope(k), v
+        return mq.plain_qkv(x, h, *(norms if norm else (None, None)), rope)
 
     def fused(x):
         return qkv_norm_rope(x, h, *(weights if norm else (None, None)), *rope.tables(n), 1e-6)

@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.config import ModelConfig
 from model.layers import RMSNorm, RotaryEmbedding
-from model.qkv import qkv_norm_rope, runs_kernel
+from model.qkv import attention_inputs
 
 
 SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -80,25 +80,10 @@ class CausalSelfAttention(nn.Module):
         """x: (batch, seq, hidden), tokens start_pos.. of their sequences (non-zero for a
         sequence-parallel shard, so RoPE sees the tokens' true positions)."""
         batch, seq, hidden = x.shape
-        # (batch, seq, 3 * hidden) -> q, k, v as (batch, heads, seq, head_dim). "fused": one kernel each
-        # way (model/qkv.py). "plain": views split along the projection's last dim, so the backward joins
-        # the three gradients there in one copy (an unbind of a (batch, seq, 3, heads, head_dim) view
-        # stacks them and then copies the stack into the projection's layout: two copies, 0.3 ms per
-        # layer at (8, 16, 4096, 64), H200).
-        qkv = self.qkv(x)
         positions = None if start_pos == 0 else torch.arange(start_pos, start_pos + seq,
                                                              device=x.device)
-        if self.qkv_impl == "fused" and runs_kernel(qkv):
-            norm = self.q_norm is not None
-            q, k, v = qkv_norm_rope(qkv, self.num_heads, self.q_norm.weight if norm else None,
-                                    self.k_norm.weight if norm else None, *self.rope.tables(seq, positions),
-                                    self.q_norm.eps if norm else 0.0)
-        else:
-            q, k, v = (t.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-                       for t in qkv.split(hidden, dim=-1))
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = self.rope(q, positions), self.rope(k, positions)
+        q, k, v = attention_inputs(self.qkv_impl, self.qkv(x), self.num_heads, self.q_norm, self.k_norm,
+                                   self.rope, positions)
         y = self.core(q, k, v)
         # y is (batch, seq, heads, head_dim) in memory for sagebwd and SDPA's FLASH: a view here
         return self.out(y.transpose(1, 2).reshape(batch, seq, hidden))

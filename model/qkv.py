@@ -29,7 +29,6 @@ import triton.language as tl
 from sagebwd.triton._common import interpreting, to_16bit
 
 QkvImpl = Literal["plain", "fused"]
-QKV_IMPLS: tuple[str, ...] = QkvImpl.__args__
 
 _LIB = "sagebwd_model"
 
@@ -268,3 +267,27 @@ def qkv_norm_rope(qkv: torch.Tensor, heads: int, q_weight: torch.Tensor | None, 
                          f"one on {qkv.device}; model.qkv_impl=fused runs the plain formula there itself")
     q, k, v = _forward_op(qkv, q_weight, k_weight, cos, sin, heads, eps)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def plain_qkv(qkv: torch.Tensor, heads: int, q_norm, k_norm, rope, positions: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The plain formula: q, k, v as (batch, heads, seq, head_dim) views split along the projection's last dim (so the
+    backward joins the three gradients there in one copy; an unbind of a (batch, seq, 3, heads, head_dim) view
+    stacks them and then copies the stack into the projection's layout: two copies, 0.3 ms per layer at
+    (8, 16, 4096, 64), H200), then the norms (RMSNorm modules, or None) and RoPE (a RotaryEmbedding)."""
+    batch, seq, width = qkv.shape
+    q, k, v = (t.view(batch, seq, heads, width // 3 // heads).transpose(1, 2) for t in qkv.split(width // 3, dim=-1))
+    if q_norm is not None:
+        q, k = q_norm(q), k_norm(k)
+    return rope(q, positions), rope(k, positions), v
+
+
+def attention_inputs(impl: str, qkv: torch.Tensor, heads: int, q_norm, k_norm, rope,
+                     positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as (batch, heads, seq, head_dim) from the projection's (batch, seq, 3 * hidden) output, by
+    model.qkv_impl: the kernels for "fused" where they run (runs_kernel), else the plain formula."""
+    if impl == "fused" and runs_kernel(qkv):
+        norm = q_norm is not None
+        return qkv_norm_rope(qkv, heads, q_norm.weight if norm else None, k_norm.weight if norm else None,
+                             *rope.tables(qkv.shape[1], positions), q_norm.eps if norm else 0.0)
+    return plain_qkv(qkv, heads, q_norm, k_norm, rope, positions)

@@ -28,16 +28,14 @@ EPS = 1e-6
 
 
 def _plain(qkv, heads, q_weight, k_weight, rope, positions):
-    """The reference: the plain path of CausalSelfAttention.forward."""
+    """The reference: the plain formula (model.qkv.plain_qkv), the model's own RMSNorm holding the weights."""
     from model.layers import RMSNorm
-    batch, seq, width = qkv.shape
-    head_dim = width // 3 // heads
-    q, k, v = (t.view(batch, seq, heads, head_dim).transpose(1, 2) for t in qkv.split(width // 3, dim=-1))
+    from model.qkv import plain_qkv
+    norms = [None, None]
     if q_weight is not None:
-        norms = [RMSNorm(head_dim, EPS) for _ in range(2)]
+        norms = [RMSNorm(qkv.shape[-1] // 3 // heads, EPS) for _ in range(2)]
         norms[0].weight, norms[1].weight = q_weight, k_weight
-        q, k = norms[0](q), norms[1](k)
-    return rope(q, positions), rope(k, positions), v
+    return plain_qkv(qkv, heads, *norms, rope, positions)
 
 
 def _reference(qkv, heads, q_weight, k_weight, cos, sin, grads):

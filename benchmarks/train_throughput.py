@@ -122,7 +122,8 @@ class Row:
     error: str | None = None
     extra: dict = field(default_factory=dict)
     # --profile K: {"kernel_ms": device time per step, all kernels; "rows": the top K as [ms per step, calls per
-    # step, kernel]}, from as many more steps under torch.profiler (CPU ops and their own time on the CPU)
+    # step, kernel]; "timeline": launcher.profile_step.device_timeline's (None on the CPU)}, from as many more steps
+    # under torch.profiler (CPU ops and their own time on the CPU)
     profile: dict | None = None
 
 
@@ -228,9 +229,10 @@ def time_rows(rows: list[Row], config: RunConfig, steps: int, warmup: int, peak:
         row.step_ms = (time.perf_counter() - start) * 1000.0 / steps
         if profile_top:
             first = done
-            kernels = profiled_rows(lambda: take(first, read_every), steps, device)
+            kernels, timeline = profiled_rows(lambda: take(first, read_every), steps, device)
             done += steps
-            row.profile = {"kernel_ms": sum(r[0] for r in kernels), "rows": [list(r) for r in kernels[:profile_top]]}
+            row.profile = {"kernel_ms": sum(r[0] for r in kernels), "rows": [list(r) for r in kernels[:profile_top]],
+                           "timeline": timeline}
         row.tokens_per_s = row.tokens_per_step / row.step_ms * 1000.0
         row.first_loss, row.warmup_s = first_loss, warmup_s
         if peak:
@@ -393,7 +395,9 @@ def table(rows: list[Row]) -> str:
 
 def profile_tables(rows: list[Row]) -> str:
     """Each profiled row's top kernels (CPU ops on the CPU), under a line with its timed step and the device time
-    of all its kernels per step (more than the step where kernels overlap, less where the device waits)."""
+    of all its kernels per step (more than the step where kernels overlap, less where the device waits), and on CUDA
+    its device timeline."""
+    from launcher.profile_step import timeline_table
     out = []
     for r in (r for r in rows if r.profile):
         name = r.config.rsplit("/", 1)[-1].removesuffix(".yaml")
@@ -402,6 +406,8 @@ def profile_tables(rows: list[Row]) -> str:
                 f"{r.profile['kernel_ms']:.2f} ms per step (profiled)",
                 "| ms per step | calls per step | kernel |", "|---|---|---|"]
         out += [f"| {ms:.3f} | {calls:g} | {kernel[:110]} |" for ms, calls, kernel in r.profile["rows"]]
+        if r.profile.get("timeline"):
+            out += ["", timeline_table(r.profile["timeline"])]
     return "\n".join(out)
 
 

@@ -64,33 +64,81 @@ def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "n
     sync()
     step_ms = (time.perf_counter() - start) * 1000.0 / steps
 
-    rows = profiled_rows(lambda: [step() for _ in range(steps)], steps, device)
+    rows, timeline = profiled_rows(lambda: [step() for _ in range(steps)], steps, device)
     return {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "step_ms": step_ms,
-            "tokens": x.numel(), "total_ms": sum(r[0] for r in rows), "rows": rows[:top]}
+            "tokens": x.numel(), "total_ms": sum(r[0] for r in rows), "rows": rows[:top], "timeline": timeline}
 
 
-def profiled_rows(run_steps, steps: int, device: torch.device) -> list[tuple[float, float, str]]:
-    """[(ms per step, calls per step, name)], largest first: each CUDA kernel's device time (each CPU op's own time
-    on the CPU) while `run_steps()` takes `steps` steps under torch.profiler (the device synchronised after). A
-    record_function range (the optimizer's "Optimizer.step#AdamW.step") also carries device time, that of the kernels
-    inside it: on CUDA it is left out, so that the rows add up to the kernels' time."""
+def profiled_rows(run_steps, steps: int, device: torch.device) -> tuple[list[tuple[float, float, str]], dict | None]:
+    """([(ms per step, calls per step, name)], largest first; timeline): each CUDA kernel's device time (each CPU
+    op's own time on the CPU) while `run_steps()` takes `steps` steps under torch.profiler (the device synchronised
+    after), and on CUDA the device's timeline (`device_timeline`; None on the CPU). A record_function range (the
+    optimizer's "Optimizer.step#AdamW.step") also carries device time, that of the kernels inside it: on CUDA it is
+    left out, so that the rows add up to the kernels' time."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         run_steps()
         if device.type == "cuda":
             torch.cuda.synchronize()
+
+    def on_device(evt) -> bool:
+        return evt.device_type == torch.autograd.DeviceType.CUDA and not getattr(evt, "is_user_annotation", False)
+
     rows = []
     for evt in prof.key_averages():
         if device.type == "cuda":
-            kernel = evt.device_type == torch.autograd.DeviceType.CUDA and not getattr(evt, "is_user_annotation", False)
-            us = evt.self_device_time_total if kernel else 0
+            us = evt.self_device_time_total if on_device(evt) else 0
         else:
             us = evt.self_cpu_time_total
         if us > 0:
             rows.append((us / steps / 1000.0, evt.count / steps, evt.key))
     rows.sort(reverse=True)
-    return rows
+    timeline = None
+    if device.type == "cuda":
+        timeline = device_timeline([(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                                    if on_device(e) and e.time_range.end > e.time_range.start], steps)
+    return rows, timeline
+
+
+def device_timeline(kernels: list[tuple[float, float, str]], steps: int, top: int = 10) -> dict:
+    """Where the device's time per step goes, from its kernels' (start us, end us, name) over `steps` steps:
+    span (first start to last end), busy (the union of the kernels: some kernel runs), overlap (their sum less
+    busy: kernels of two streams at once), idle (span less busy: no kernel runs, the device waits on the host or
+    on nothing), and "gaps": the idle time grouped by the kernels on either side of it, [ms per step, gaps per
+    step, "before -> after"], largest first (the top `top`). Names are cut to 60 characters."""
+    if not kernels:
+        return {"span_ms": 0.0, "busy_ms": 0.0, "overlap_ms": 0.0, "idle_ms": 0.0, "gaps": []}
+    kernels = sorted(kernels)
+    total = sum(end - start for start, end, _ in kernels)
+    busy = 0.0
+    gaps: dict[str, list[float]] = {}
+    run_start, run_end, last = kernels[0][0], kernels[0][1], kernels[0][2]   # the current busy run, its last end
+    for start, end, name in kernels[1:]:
+        if start > run_end:   # the device idles from run_end to start
+            key = f"{last[:60]} -> {name[:60]}"
+            gap = gaps.setdefault(key, [0.0, 0])
+            gap[0] += start - run_end
+            gap[1] += 1
+            busy += run_end - run_start
+            run_start, run_end, last = start, end, name
+        elif end > run_end:
+            run_end, last = end, name
+    busy += run_end - run_start
+    span = run_end - kernels[0][0]   # the last run ends at the latest end
+    per_step = 1000.0 * steps
+    listed = sorted(([us / per_step, n / steps, key] for key, (us, n) in gaps.items()), reverse=True)[:top]
+    return {"span_ms": span / per_step, "busy_ms": busy / per_step, "overlap_ms": (total - busy) / per_step,
+            "idle_ms": (span - busy) / per_step, "gaps": listed}
+
+
+def timeline_table(timeline: dict) -> str:
+    """device_timeline's result as a line and a table of its largest idle gaps."""
+    t = timeline
+    out = [f"device timeline, ms per step: span {t['span_ms']:.2f}, busy {t['busy_ms']:.2f}, "
+           f"overlap {t['overlap_ms']:.2f} (kernels of two streams at once), idle {t['idle_ms']:.2f}",
+           "| idle ms per step | gaps per step | between |", "|---|---|---|"]
+    return "\n".join(out + [f"| {ms:.3f} | {n:g} | {between} |" for ms, n, between in t["gaps"]])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|")
     for ms, calls, name in result["rows"]:
         print(f"| {ms:.3f} | {calls:g} | {name[:110]} |")
+    if result["timeline"]:
+        print(timeline_table(result["timeline"]))
     return 0
 
 

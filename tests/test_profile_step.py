@@ -76,3 +76,19 @@ def test_the_step_runs_the_configured_loss(tmp_path, loss_impl):
     else:
         assert calls.get("aten::_log_softmax") == 1, sorted(calls)
         assert "aten::logsumexp" not in calls, sorted(calls)
+
+
+def test_device_timeline_splits_the_span_into_busy_overlap_and_idle_gaps():
+    """Two steps of kernels (us): a, b on two streams at once, a gap, c; the union, the overlap and the gaps
+    between named kernels, per step."""
+    kernels = [(0, 10, "a"), (5, 12, "b"), (20, 30, "c"),            # step 1: busy 12 + 10, overlap 5, gap 8
+               (40, 50, "a"), (45, 52, "b"), (60, 70, "c")]          # step 2: the same, 10 us after step 1's c
+    t = profile_step.device_timeline(kernels, steps=2)
+    assert t["span_ms"] == pytest.approx(70 / 2000)
+    assert t["busy_ms"] == pytest.approx(44 / 2000)
+    assert t["overlap_ms"] == pytest.approx(10 / 2000)
+    assert t["idle_ms"] == pytest.approx(26 / 2000)
+    assert t["gaps"] == [[pytest.approx(16 / 2000), 1.0, "b -> c"], [pytest.approx(10 / 2000), 0.5, "c -> a"]]
+    assert sum(ms for ms, _, _ in t["gaps"]) == pytest.approx(t["idle_ms"])
+    empty = profile_step.device_timeline([], steps=1)
+    assert empty["busy_ms"] == 0.0 and empty["gaps"] == []

@@ -1,5 +1,7 @@
 """Per process of gpu-next-1203.sh spread: each attention's timed step, its kernels' device time per step, and the
-kernels whose time per step moves most between processes (the largest max - min first).
+kernels whose time per step moves most between processes (the largest max - min first); where the profile has a
+device timeline (launcher.profile_step.device_timeline, since 2026-11-29 f), its busy, overlap and idle time per
+step and the largest idle gaps of each process.
 
     python docs/measurements/spread-table.py spread-*.json
 """
@@ -18,6 +20,13 @@ for attention in ("fpa", "sagebwd-token"):
             print(f"| {i} | {row['step_ms']:.2f} | {kernels:.2f} | {row['step_ms'] - kernels:.2f} |")
             for ms, _, name in row["profile"]["rows"]:
                 per_kernel.setdefault(name, {})[i] = ms
+    for i, run in enumerate(runs, 1):
+        for row in run["rows"]:
+            t = (row.get("profile") or {}).get("timeline")
+            if row["attention"] == attention and t:
+                print(f"process {i} timeline ms per step: span {t['span_ms']:.2f}, busy {t['busy_ms']:.2f}, "
+                      f"overlap {t['overlap_ms']:.2f}, idle {t['idle_ms']:.2f}; largest gaps: "
+                      + "; ".join(f"{ms:.3f} ({n:g}x) {between}" for ms, n, between in t["gaps"][:6]))
     moved = sorted(((max(v.values()) - min(v.values()), name, v) for name, v in per_kernel.items()
                     if len(v) == len(runs)), reverse=True)[:8]
     print("| kernel | ms per step by process | max - min |")

@@ -1,0 +1,27 @@
+# The twenty-eighth session's device calls (2026-11-29, H200 `nvidia-h200`, torch 2.11, Triton 3.6.0), from the
+# repository root, in order:
+#   1. run(command="bash docs/measurements/gpu-next-1203.sh spread", carry=[".whl", ".cache"]): four trainer
+#        processes, both attentions, each profiled by kernel (spread-{1..4}-h200-1129f.json; table:
+#        `python docs/measurements/spread-table.py docs/measurements/spread-?-h200-1129f.json`)
+#   2. run(command="bash docs/measurements/gpu-calls-h200-1129f.sh timeline", carry=[".whl", ".cache"]): two more
+#        such processes, now with the device timeline in each profile (busy, overlap of two streams, idle gaps by
+#        the kernels on either side; launcher.profile_step.device_timeline)
+set -u
+setup() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD MLFLOW_DISABLE_TELEMETRY=true
+}
+trainer() {   # trainer OUT_NAME ATTENTIONS... [-- --set ...]: the trainer pairs' arguments, profiled by kernel
+  local name=$1; shift
+  timeout 150 python3 -m benchmarks.train_throughput --case experiments/configs/gpu-124m.yaml@4096x4 \
+    --loss chunked --steps 20 --engine deepspeed --compile reduce-overhead --set train.grad_accum_dtype=fp32 \
+    --profile 60 --out "$OUT/$name.json" --attention "$@" > "$OUT/$name.txt" 2>&1 || echo "$name failed"
+}
+case "${1:-}" in
+  timeline)
+    setup
+    trainer timeline-1 fpa sagebwd-token
+    trainer timeline-2 sagebwd-token fpa
+    python3 docs/measurements/spread-table.py "$OUT"/timeline-*.json ;;
+  *) echo "usage: bash $0 timeline" >&2; exit 2 ;;
+esac

@@ -26,7 +26,10 @@ COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune-no-cudagrap
 
 def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "none",
                  compile_backend: str = "inductor") -> dict:
-    """{'step_ms', 'device', 'rows': [(ms per step, calls per step, name)], ...}.
+    """{'step_ms', 'issue_ms', 'device', 'rows': [(ms per step, calls per step, name)], 'timeline', ...}.
+
+    issue_ms: the median host time to issue a step (on CUDA: to queue its kernels or graph replays, which is what
+    an engine's host-bound optimizer step cannot hide when it waits on the device first).
 
     compile_mode: torch.compile's mode for the model ("none": eager). SageBwd stays one opaque
     op in the compiled graph (its torch.library registration); "reduce-overhead" replays the
@@ -58,15 +61,19 @@ def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "n
     for _ in range(2 if compile_mode == "none" else 4):   # compilation, autotuning, graph capture, allocator
         step()
     sync()
+    issue = []   # the host's time to return from each step: on CUDA, to queue its work (nothing in it waits)
     start = time.perf_counter()
     for _ in range(steps):
+        began = time.perf_counter()
         step()
+        issue.append(time.perf_counter() - began)
     sync()
     step_ms = (time.perf_counter() - start) * 1000.0 / steps
 
     rows, timeline = profiled_rows(lambda: [step() for _ in range(steps)], steps, device)
     return {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "step_ms": step_ms,
-            "tokens": x.numel(), "total_ms": sum(r[0] for r in rows), "rows": rows[:top], "timeline": timeline}
+            "issue_ms": 1000.0 * sorted(issue)[len(issue) // 2], "tokens": x.numel(),
+            "total_ms": sum(r[0] for r in rows), "rows": rows[:top], "timeline": timeline}
 
 
 def profiled_rows(run_steps, steps: int, device: torch.device) -> tuple[list[tuple[float, float, str]], dict | None]:
@@ -170,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     what = "CUDA kernels" if result["device"] != "cpu" else "CPU ops"
     print(f"{result['device']}: attention={config.model.attention}, compile={args.compile}, "
           f"{result['tokens']:,} tokens per step, "
-          f"{result['step_ms']:.2f} ms per step (wall); {what} {result['total_ms']:.2f} ms per step in all")
+          f"{result['step_ms']:.2f} ms per step (wall), {result['issue_ms']:.2f} ms to issue one (host); "
+          f"{what} {result['total_ms']:.2f} ms per step in all")
     print(f"| ms per step | calls per step | {what[:-1]} |")
     print("|---|---|---|")
     for ms, calls, name in result["rows"]:

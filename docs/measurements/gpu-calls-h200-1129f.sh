@@ -6,6 +6,9 @@
 #   2. run(command="bash docs/measurements/gpu-calls-h200-1129f.sh timeline", carry=[".whl", ".cache"]): two more
 #        such processes, now with the device timeline in each profile (busy, overlap of two streams, idle gaps by
 #        the kernels on either side; launcher.profile_step.device_timeline)
+#   3. run(command="bash docs/measurements/gpu-calls-h200-1129f.sh issue", carry=[".whl", ".cache"]): the host's time
+#        to issue one compiled step (forward and backward replayed from CUDA graphs, no optimizer;
+#        launcher.profile_step's issue_ms), FPA and token, twice each alternated (issue-*.txt)
 set -u
 setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -23,5 +26,19 @@ case "${1:-}" in
     trainer timeline-1 fpa sagebwd-token
     trainer timeline-2 sagebwd-token fpa
     python3 docs/measurements/spread-table.py "$OUT"/timeline-*.json ;;
-  *) echo "usage: bash $0 timeline" >&2; exit 2 ;;
+  issue)
+    setup
+    for round in 1 2; do
+      for attention in fpa token; do
+        case $attention in
+          fpa) sets="--set model.attention=fpa" ;;
+          token) sets="--set model.attention=sagebwd --set model.smoothing=k --set model.quant=token" ;;
+        esac
+        timeout 120 python3 -m launcher.profile_step --config experiments/configs/gpu-124m.yaml --set \
+          train.micro_batch_size=4 $sets --compile reduce-overhead --steps 20 --top 3 \
+          > "$OUT/issue-$attention-$round.txt" 2>&1 || echo "$attention $round failed"
+        grep -h "ms to issue\|device timeline" "$OUT/issue-$attention-$round.txt"
+      done
+    done ;;
+  *) echo "usage: bash $0 timeline|issue" >&2; exit 2 ;;
 esac

@@ -28,8 +28,9 @@ def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "n
                  compile_backend: str = "inductor") -> dict:
     """{'step_ms', 'issue_ms', 'device', 'rows': [(ms per step, calls per step, name)], 'timeline', ...}.
 
-    issue_ms: the median host time to issue a step (on CUDA: to queue its kernels or graph replays, which is what
-    an engine's host-bound optimizer step cannot hide when it waits on the device first).
+    issue_ms: (forward, backward), the host's median time to issue each half of a step begun on an idle device (on
+    CUDA: to queue its kernels or graph replays). An engine whose optimizer step waits on the device and then is
+    bound by its own host work leaves the device idle for the next forward's issue time.
 
     compile_mode: torch.compile's mode for the model ("none": eager). SageBwd stays one opaque
     op in the compiled graph (its torch.library registration); "reduce-overhead" replays the
@@ -47,12 +48,15 @@ def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "n
         forward = torch.compile(model, backend=compile_backend,
                                 **({} if compile_mode == "default" else {"mode": compile_mode}))
 
-    def step():
+    def step(backward: bool = True):
         for p in model.parameters():
             p.grad = None
         if compile_mode == "reduce-overhead":   # a new step: the graphs' outputs may be overwritten
             torch.compiler.cudagraph_mark_step_begin()
-        micro_batch_loss(forward, x, y, config.model.loss_impl).backward()
+        loss = micro_batch_loss(forward, x, y, config.model.loss_impl)
+        if not backward:
+            return loss
+        loss.backward()
 
     def sync():
         if device.type == "cuda":
@@ -61,19 +65,30 @@ def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "n
     for _ in range(2 if compile_mode == "none" else 4):   # compilation, autotuning, graph capture, allocator
         step()
     sync()
-    issue = []   # the host's time to return from each step: on CUDA, to queue its work (nothing in it waits)
     start = time.perf_counter()
     for _ in range(steps):
-        began = time.perf_counter()
         step()
-        issue.append(time.perf_counter() - began)
     sync()
     step_ms = (time.perf_counter() - start) * 1000.0 / steps
+    issue_forward, issue_backward = [], []   # each step from an idle device: the host's time for each half
+    for _ in range(steps):
+        sync()
+        began = time.perf_counter()
+        loss = step(backward=False)
+        issued = time.perf_counter()
+        loss.backward()
+        issue_forward.append(issued - began)
+        issue_backward.append(time.perf_counter() - issued)
+    sync()
 
     rows, timeline = profiled_rows(lambda: [step() for _ in range(steps)], steps, device)
     return {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "step_ms": step_ms,
-            "issue_ms": 1000.0 * sorted(issue)[len(issue) // 2], "tokens": x.numel(),
+            "issue_ms": (median_ms(issue_forward), median_ms(issue_backward)), "tokens": x.numel(),
             "total_ms": sum(r[0] for r in rows), "rows": rows[:top], "timeline": timeline}
+
+
+def median_ms(seconds: list[float]) -> float:
+    return 1000.0 * sorted(seconds)[len(seconds) // 2]
 
 
 def profiled_rows(run_steps, steps: int, device: torch.device) -> tuple[list[tuple[float, float, str]], dict | None]:
@@ -177,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     what = "CUDA kernels" if result["device"] != "cpu" else "CPU ops"
     print(f"{result['device']}: attention={config.model.attention}, compile={args.compile}, "
           f"{result['tokens']:,} tokens per step, "
-          f"{result['step_ms']:.2f} ms per step (wall), {result['issue_ms']:.2f} ms to issue one (host); "
+          f"{result['step_ms']:.2f} ms per step (wall), {result['issue_ms'][0]:.2f} + {result['issue_ms'][1]:.2f} "
+          f"ms to issue its forward + backward from an idle device (host); "
           f"{what} {result['total_ms']:.2f} ms per step in all")
     print(f"| ms per step | calls per step | {what[:-1]} |")
     print("|---|---|---|")

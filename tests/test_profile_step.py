@@ -24,7 +24,7 @@ def config_path(tmp_path):
 def test_prints_the_step_time_and_its_top_ops(config_path, capsys):
     assert profile_step.main(["--config", str(config_path), "--steps", "1", "--top", "5"]) == 0
     out = capsys.readouterr().out
-    assert "attention=sagebwd" in out and "ms per step (wall)" in out and "ms to issue one (host)" in out
+    assert "attention=sagebwd" in out and "ms per step (wall)" in out and "ms to issue its forward + backward" in out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "ms per step" not in line]
     assert 1 <= len(rows) <= 5, out
     # the op's simulation on the CPU is part of the step (its matmuls at least)
@@ -70,7 +70,7 @@ def test_the_step_runs_the_configured_loss(tmp_path, loss_impl):
     config = config.model_copy(update={"model": config.model.model_copy(update={"loss_chunk_tokens": tokens // 4})})
     result = profile_step.profile_step(config, steps=1, top=1000)
     rows = result["rows"]
-    assert 0 < result["issue_ms"] and result["timeline"] is None   # on the CPU: no device timeline
+    assert min(result["issue_ms"]) > 0 and result["timeline"] is None   # on the CPU: no device timeline
     calls = {name: count for _, count, name in rows}
     if loss_impl == "chunked":
         assert calls.get("aten::logsumexp", 0) >= 4, sorted(calls)

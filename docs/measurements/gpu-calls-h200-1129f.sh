@@ -8,7 +8,11 @@
 #        the kernels on either side; launcher.profile_step.device_timeline)
 #   3. run(command="bash docs/measurements/gpu-calls-h200-1129f.sh issue", carry=[".whl", ".cache"]): the host's time
 #        to issue one compiled step (forward and backward replayed from CUDA graphs, no optimizer;
-#        launcher.profile_step's issue_ms), FPA and token, twice each alternated (issue-*.txt)
+#        launcher.profile_step's issue_ms), FPA and token, twice each alternated (issue-*.txt). issue_ms was then the
+#        median time to return from a step queued behind others: it read the whole step (37.5 / 38.0 ms), so the
+#        host waits inside a step; the call still gave each step's device timeline (busy, overlap, idle)
+#   4. run(command="bash docs/measurements/gpu-calls-h200-1129f.sh issue", carry=[".whl", ".cache"]): the same with
+#        issue_ms as the host's time for each half of a step begun on an idle device (forward, backward)
 set -u
 setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

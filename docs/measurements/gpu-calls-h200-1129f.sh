@@ -13,6 +13,9 @@
 #        host waits inside a step; the call still gave each step's device timeline (busy, overlap, idle)
 #   4. run(command="bash docs/measurements/gpu-calls-h200-1129f.sh issue", carry=[".whl", ".cache"]): the same with
 #        issue_ms as the host's time for each half of a step begun on an idle device (forward, backward)
+#   5. run(command="bash docs/measurements/gpu-calls-h200-1129f.sh replay", carry=[".whl", ".cache"]): where the
+#        host's time goes when the compiled step is issued (docs/measurements/replay-host.py: the CUDA graph trees'
+#        graphs, their inputs and outputs, cProfile of the forward and backward calls), FPA and token
 set -u
 setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -44,5 +47,12 @@ case "${1:-}" in
         grep -h "ms to issue\|device timeline" "$OUT/issue-$attention-$round.txt"
       done
     done ;;
-  *) echo "usage: bash $0 timeline|issue" >&2; exit 2 ;;
+  replay)
+    setup
+    for attention in fpa token; do
+      timeout 150 python3 docs/measurements/replay-host.py --attention $attention > "$OUT/replay-$attention.txt" 2>&1 \
+        || echo "$attention failed"
+      grep -h "^graph\|median" "$OUT/replay-$attention.txt"
+    done ;;
+  *) echo "usage: bash $0 timeline|issue|replay" >&2; exit 2 ;;
 esac

@@ -16,6 +16,9 @@
 #   5. run(command="bash docs/measurements/gpu-calls-h200-1129f.sh replay", carry=[".whl", ".cache"]): where the
 #        host's time goes when the compiled step is issued (docs/measurements/replay-host.py: the CUDA graph trees'
 #        graphs, their inputs and outputs, cProfile of the forward and backward calls), FPA and token
+#   6. run(command="bash docs/measurements/gpu-calls-h200-1129f.sh kept", carry=[".whl", ".cache"]): after the backward
+#        stopped keeping empty tensors (sagebwd/triton/ops.py _save): replay-host.py for token (its graphs' outputs),
+#        then the GPU tests of the op (tests/test_triton_gpu.py)
 set -u
 setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -54,5 +57,11 @@ case "${1:-}" in
         || echo "$attention failed"
       grep -h "^graph\|median" "$OUT/replay-$attention.txt"
     done ;;
-  *) echo "usage: bash $0 timeline|issue|replay" >&2; exit 2 ;;
+  kept)
+    setup
+    timeout 120 python3 docs/measurements/replay-host.py --attention token > "$OUT/replay-token-kept.txt" 2>&1 \
+      || echo "replay failed"
+    grep -h "^graph\|median" "$OUT/replay-token-kept.txt"
+    timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_gpu.py 2>&1 | tail -5 ;;
+  *) echo "usage: bash $0 timeline|issue|replay|kept" >&2; exit 2 ;;
 esac

@@ -35,6 +35,10 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, bloc
         f"seq {q.shape[2]} must be a multiple of block_q={block_q} and block_kv={block_kv}"
 
 
+def _empty(device) -> torch.Tensor:
+    return torch.empty(0, device=device, dtype=torch.float32)
+
+
 def _quant_name(token: bool) -> str:
     """The registry's name of the contract (the ops carry it as a flag)."""
     return "token" if token else "block"
@@ -122,29 +126,15 @@ def _backward_fake(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean
 
 
 def _save(ctx, q, k, v, flags, kernels, output):
-    """What the backward keeps (the same for both autograd paths below): no empty tensor. Under torch.compile each
-    saved tensor is an output of the forward's CUDA graph, whose replay spends host time on every output (a CUDA
-    graph tree reconstructs each), so the empty placeholders of _forward_impl are made again in _saved instead
-    (docs/kernel-notes.md, "Twenty-eighth session")."""
+    """What the backward keeps (the same for both autograd paths below)."""
     o, lse, q8, q8t, s_q, k8, k8t, s_k, mu_q, k_mean = output
     # K itself is needed for the Q-smoothing bias and the token contract's dQ (a bf16 product with K), Q itself for
     # the token contract's dK; otherwise keep nothing of them.
     token = flags[5]
-    optional = (q8t, k8t, q if token else None, k if (flags[2] or token) else None, mu_q, k_mean)
-    ctx.kept = tuple(t is not None and t.numel() > 0 for t in optional)
-    ctx.save_for_backward(o, lse, q8, s_q, k8, s_k, v, *(t for t, kept in zip(optional, ctx.kept) if kept))
+    ctx.save_for_backward(o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q if token else _empty(q.device),
+                          k if (flags[2] or token) else _empty(k.device), mu_q, k_mean)
     ctx.flags = flags
     ctx.kernels = kernels
-
-
-def _saved(ctx) -> tuple:
-    """_save's tensors in _backward_impl's order, (o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean), with
-    fresh empty tensors where nothing was kept."""
-    o, lse, q8, s_q, k8, s_k, v, *rest = ctx.saved_tensors
-    dtypes = (torch.int8, torch.int8, v.dtype, v.dtype, torch.float32, torch.float32)
-    q8t, k8t, q, k, mu_q, k_mean = (rest.pop(0) if kept else torch.empty(0, device=o.device, dtype=dtype)
-                                    for kept, dtype in zip(ctx.kept, dtypes))
-    return o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean
 
 
 def _setup_context(ctx, inputs, output):
@@ -160,7 +150,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, do, *unused):
     if do is None:   # O took no part in what is differentiated
         return (None,) * 11
-    o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean = _saved(ctx)
+    o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean = ctx.saved_tensors
     dq, dk, dv = _backward_op(do, o, lse, q8, q8t, s_q, k8, k8t, s_k, v, q, k, mu_q, k_mean, *ctx.flags,
                               ctx.kernels)
     return dq, dk, dv, None, None, None, None, None, None, None, None
@@ -182,7 +172,7 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        dq, dk, dv = _backward_impl(do, *_saved(ctx), *ctx.flags, ctx.kernels, ctx.tuning)
+        dq, dk, dv = _backward_impl(do, *ctx.saved_tensors, *ctx.flags, ctx.kernels, ctx.tuning)
         return dq, dk, dv, None, None, None, None, None, None, None, None
 
 

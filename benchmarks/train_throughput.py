@@ -63,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from launcher.config import RunConfig, load_run_config
+from launcher.garbage import CollectionPauses, ScheduledCollection
 from launcher.overrides import ConfigError
 from launcher.throughput import device_peak_tflops, mfu, train_flops_per_token
 
@@ -121,6 +122,9 @@ class Row:
     warmup_s: float | None = None       # compilation included (shared by the sync rows)
     error: str | None = None
     extra: dict = field(default_factory=dict)
+    # Python's collections during the timed steps (launcher.garbage): {"every": train.gc_every, "collections":
+    # [generation 0, 1, 2], "ms_per_step": their pauses}
+    gc: dict | None = None
     # --profile K: {"kernel_ms": device time per step, all kernels; "rows": the top K as [ms per step, calls per
     # step, kernel]; "timeline": launcher.profile_step.device_timeline's (None on the CPU)}, from as many more steps
     # under torch.profiler (CPU ops and their own time on the CPU)
@@ -196,7 +200,7 @@ def time_rows(rows: list[Row], config: RunConfig, steps: int, warmup: int, peak:
               device: torch.device, step, read, profile_top: int = 0) -> None:
     """The warm-up, then each row's timed steps; `step(i)` queues step i and hands back what
     `read(pending)` reads on the host at the rows' read points. profile_top: after a row's timed steps, as many
-    more under torch.profiler (Row.profile)."""
+    more under torch.profiler (Row.profile). Python collects garbage on the trainer's schedule (train.gc_every)."""
     from launcher.profile_step import profiled_rows
 
     def sync():
@@ -210,35 +214,40 @@ def time_rows(rows: list[Row], config: RunConfig, steps: int, warmup: int, peak:
     sync()
     warmup_s = time.perf_counter() - start
     done = warmup
+    collection = ScheduledCollection(config.train.gc_every)
 
     def take(first: int, read_every: int) -> None:   # steps first.. first + steps - 1, read as the row reads
         pending = []
         for i in range(first, first + steps):
             pending.append(step(i))
+            collection.step(i + 1)   # the trainer's schedule (launcher/train.py), by its 1-based step
             if (i + 1) % read_every == 0:
                 read(pending)
                 pending = []
         sync()
 
-    for row in rows:
-        # the trainer's reads: every step before launcher/step_metrics.py, now at its log points
-        read_every = 1 if row.sync == "step" else config.train.log_every
-        start = time.perf_counter()
-        take(done, read_every)
-        done += steps
-        row.step_ms = (time.perf_counter() - start) * 1000.0 / steps
-        if profile_top:
-            first = done
-            kernels, timeline = profiled_rows(lambda: take(first, read_every), steps, device)
+    with collection:
+        for row in rows:
+            # the trainer's reads: every step before launcher/step_metrics.py, now at its log points
+            read_every = 1 if row.sync == "step" else config.train.log_every
+            start = time.perf_counter()
+            with CollectionPauses() as pauses:
+                take(done, read_every)
             done += steps
-            row.profile = {"kernel_ms": sum(r[0] for r in kernels), "rows": [list(r) for r in kernels[:profile_top]],
-                           "timeline": timeline}
-        row.tokens_per_s = row.tokens_per_step / row.step_ms * 1000.0
-        row.first_loss, row.warmup_s = first_loss, warmup_s
-        if peak:
-            row.mfu = mfu(row.tokens_per_s, train_flops_per_token(config.model), peak)
-        if device.type == "cuda":
-            row.peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30
+            row.step_ms = (time.perf_counter() - start) * 1000.0 / steps
+            row.gc = {"every": config.train.gc_every, **pauses.summary(steps)}
+            if profile_top:
+                first = done
+                kernels, timeline = profiled_rows(lambda: take(first, read_every), steps, device)
+                done += steps
+                row.profile = {"kernel_ms": sum(r[0] for r in kernels),
+                               "rows": [list(r) for r in kernels[:profile_top]], "timeline": timeline}
+            row.tokens_per_s = row.tokens_per_step / row.step_ms * 1000.0
+            row.first_loss, row.warmup_s = first_loss, warmup_s
+            if peak:
+                row.mfu = mfu(row.tokens_per_s, train_flops_per_token(config.model), peak)
+            if device.type == "cuda":
+                row.peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30
 
 
 @contextlib.contextmanager
@@ -374,11 +383,11 @@ def fmt(value, spec: str) -> str:
 
 def table(rows: list[Row]) -> str:
     """Markdown table; `x plain` is the row's tokens/s over the plain-loss row of the same
-    case, attention, compile mode, sync and engine."""
+    case, attention, compile mode, sync and engine; `gc ms a step`: Python's collection pauses in its timed steps."""
     base = {(r.config, r.seq_len, r.micro_batch, r.attention, r.compile, r.sync, r.engine):
             r.tokens_per_s for r in rows if r.loss == "plain" and r.tokens_per_s}
     lines = ["| config | seq x micro | attention | compile | loss | sync | engine | step ms "
-             "| tokens/s | x plain | MFU | peak GiB | step-1 loss | error |", "|" + "---|" * 14]
+             "| tokens/s | x plain | MFU | peak GiB | step-1 loss | gc ms a step | error |", "|" + "---|" * 15]
     for r in rows:
         ref = base.get((r.config, r.seq_len, r.micro_batch, r.attention, r.compile, r.sync,
                         r.engine))
@@ -389,7 +398,8 @@ def table(rows: list[Row]) -> str:
             f"| {r.sync} | {r.engine} | {fmt(r.step_ms, '.2f')} | {fmt(r.tokens_per_s, ',.0f')} "
             f"| {fmt(speedup, '.3f')} "
             f"| {fmt(r.mfu and 100 * r.mfu, '.1f')}{'%' if r.mfu else ''} "
-            f"| {fmt(r.peak_memory_gib, '.2f')} | {fmt(r.first_loss, '.4f')} | {r.error or ''} |")
+            f"| {fmt(r.peak_memory_gib, '.2f')} | {fmt(r.first_loss, '.4f')} "
+            f"| {fmt(r.gc and r.gc['ms_per_step'], '.2f')} | {r.error or ''} |")
     return "\n".join(lines)
 
 

@@ -78,6 +78,13 @@ class TrainConfig(Section):
     # on a GPU; the A/B: docs/benchmarks.md, "Where DeepSpeed's step spends host work".
     grad_accum_dtype: Literal["bf16", "fp32"] = "bf16"
     log_every: int = Field(10, gt=0, description="print a progress line every N steps")
+    # Python's garbage collection during training (launcher/garbage.py): N > 0 turns the automatic collector off and
+    # collects generations 0-1 after every N-th step, as torchtitan (training.gc_freq, default 50) and Megatron-LM
+    # (--manual-gc) do; 0 (the default until a GPU A/B decides: docs/measurements/gpu-next-1204.sh) leaves Python's
+    # automatic collection. A pause holds the host, which decides the step where DeepSpeed's optimizer step waits on
+    # the device and then issues its kernels (docs/kernel-notes.md, "Twenty-eighth session"). Numbers are unchanged
+    # either way. benchmarks.train_throughput records each row's pauses.
+    gc_every: int = Field(0, ge=0, description="collect Python's young garbage every N steps (0: automatic)")
     # Dense bf16 peak per device for MFU; None: looked up from the GPU's name.
     peak_tflops: float | None = Field(None, gt=0)
     # torch.compile the model (Inductor's default mode; nn.Module.compile, so the state dict and

@@ -28,10 +28,10 @@ from launcher.tracking import flatten
 # checkpoint (train.steps extends or shortens the cosine schedule from here on), or change only
 # how the same model is computed (compilation, the kernel choice, the loss's chunking, q, k and v's kernels: the same
 # function to rounding). train.check_grad_overflow changes no finite step, and a non-finite one
-# stops the run either way (launcher/config.py).
+# stops the run either way (launcher/config.py); train.gc_every changes when Python collects, no number.
 SAFE_KEYS = frozenset({
     "train.steps", "train.log_every", "train.peak_tflops", "train.compile", "train.compile_mode",
-    "train.check_grad_overflow",
+    "train.check_grad_overflow", "train.gc_every",
     "model.sagebwd_kernels", "model.loss_impl", "model.loss_chunk_tokens", "model.qkv_impl",
     "eval.every", "eval.batches", "checkpoint.every", "checkpoint.keep_last", "data.verify",
 })

@@ -23,6 +23,7 @@ from launcher.data import Batch, build_batches
 from launcher.distributed import (any_rank, broadcast_object, exit_after_run, init_process_group, rank,
                                   sequence_parallel_group, world_size)
 from launcher.engine import build_engine
+from launcher.garbage import ScheduledCollection
 from launcher.job_env import ENV_NODE
 from launcher.layout import Layout, resolve_layout
 from launcher.logs import configure_logging
@@ -352,51 +353,53 @@ def train(config: RunConfig, *, resume: str = "none",
     step_seconds, timed_steps = 0.0, 0
     pending: list[PendingStep] = []   # steps whose values are still on the device
     try:
-        for step in range(start_step + 1, config.train.steps + 1):
-            if not pending:
-                interval_start = time.perf_counter()
-            lr = engine.get_lr()[0]  # the lr this step's update uses
-            loss, grad_norm = train_step(engine, train_batches, layout.grad_accum, shard)
-            tokens_seen += layout.tokens_per_step
-            pending.append(PendingStep(step, loss, grad_norm, lr, tokens_seen, memory_gib(),
-                                       time_ms=int(time.time() * 1000)))
-            # Every step, whether any rank got a signal: a vote in host memory (no device wait),
-            # so a stop still comes at the end of the step it was asked in.
-            stop_voted = any_rank(stop.requested)
-            if not (stop_voted or is_read_point(config, step, start_step + 1)):
-                continue
-            # The NaN guard sees the steps since the last read point only now: a non-finite step
-            # stops the run here, at most one read interval after it, and is reported as the
-            # step it happened at. No checkpoint is saved in between (checkpoints are read points).
-            read, pending = pending, []
-            values = read_metrics(read)   # the host waits for the device here, once for them all
-            dt = time.perf_counter() - interval_start
-            if read[0].step > start_step + 1:  # the first step of a process includes warm-up
-                step_seconds, timed_steps = step_seconds + dt, timed_steps + len(read)
-            metrics = take_in(read, values, dt / len(read))
-            if metrics is None:
-                break
+        with ScheduledCollection(config.train.gc_every) as collection:
+            for step in range(start_step + 1, config.train.steps + 1):
+                if not pending:
+                    interval_start = time.perf_counter()
+                lr = engine.get_lr()[0]  # the lr this step's update uses
+                loss, grad_norm = train_step(engine, train_batches, layout.grad_accum, shard)
+                collection.step(step)   # while the device works through the step just queued
+                tokens_seen += layout.tokens_per_step
+                pending.append(PendingStep(step, loss, grad_norm, lr, tokens_seen, memory_gib(),
+                                           time_ms=int(time.time() * 1000)))
+                # Every step, whether any rank got a signal: a vote in host memory (no device wait),
+                # so a stop still comes at the end of the step it was asked in.
+                stop_voted = any_rank(stop.requested)
+                if not (stop_voted or is_read_point(config, step, start_step + 1)):
+                    continue
+                # The NaN guard sees the steps since the last read point only now: a non-finite step
+                # stops the run here, at most one read interval after it, and is reported as the
+                # step it happened at. No checkpoint is saved in between (checkpoints are read points).
+                read, pending = pending, []
+                values = read_metrics(read)   # the host waits for the device here, once for them all
+                dt = time.perf_counter() - interval_start
+                if read[0].step > start_step + 1:  # the first step of a process includes warm-up
+                    step_seconds, timed_steps = step_seconds + dt, timed_steps + len(read)
+                metrics = take_in(read, values, dt / len(read))
+                if metrics is None:
+                    break
 
-            is_last = step == config.train.steps
-            if step % config.eval.every == 0 or is_last:
-                metrics["eval_loss"] = evaluate(engine, eval_batches, shard)
-                result.eval_loss.append((step, metrics["eval_loss"]))
-            if tracker:
-                tracker.log_metrics(step, metrics, read[-1].time_ms)
-                if step % config.tracking.flush_every == 0:
-                    tracker.flush()
-            if tracker and (step == start_step + 1 or step % config.train.log_every == 0
-                            or is_last):
-                say(progress_line(name, step, config.train.steps, metrics))
-            if stop_voted:
-                save_checkpoint(step)
-                result.stopped_by = stop.signal_name or "a peer rank's signal"
+                is_last = step == config.train.steps
+                if step % config.eval.every == 0 or is_last:
+                    metrics["eval_loss"] = evaluate(engine, eval_batches, shard)
+                    result.eval_loss.append((step, metrics["eval_loss"]))
                 if tracker:
-                    say(f"[{name}] {result.stopped_by}: stopped after step {step}; continue "
-                        "with --resume auto")
-                break
-            if is_last or (config.checkpoint.every and step % config.checkpoint.every == 0):
-                save_checkpoint(step)
+                    tracker.log_metrics(step, metrics, read[-1].time_ms)
+                    if step % config.tracking.flush_every == 0:
+                        tracker.flush()
+                if tracker and (step == start_step + 1 or step % config.train.log_every == 0
+                                or is_last):
+                    say(progress_line(name, step, config.train.steps, metrics))
+                if stop_voted:
+                    save_checkpoint(step)
+                    result.stopped_by = stop.signal_name or "a peer rank's signal"
+                    if tracker:
+                        say(f"[{name}] {result.stopped_by}: stopped after step {step}; continue "
+                            "with --resume auto")
+                    break
+                if is_last or (config.checkpoint.every and step % config.checkpoint.every == 0):
+                    save_checkpoint(step)
         status = ("FAILED" if result.diverged_at else
                   "KILLED" if result.stopped_by else "FINISHED")
     finally:

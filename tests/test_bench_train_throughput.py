@@ -25,6 +25,10 @@ def test_tiny_table_and_json(tmp_path, capsys):
     # the same seed, weights and tokens: step 1's loss is the same by either loss path
     assert abs(rows[0]["first_loss"] - rows[1]["first_loss"]) < 1e-4
     assert data["environment"]["device"] == "cpu" and rows[0]["mfu"] is None
+    # Python's collections in each row's timed steps, on the trainer's schedule (train.gc_every, 0 by default)
+    assert all(r["gc"]["every"] == 0 and len(r["gc"]["collections"]) == 3 and r["gc"]["ms_per_step"] >= 0
+               for r in rows)
+    assert "| gc ms a step |" in text
 
 
 def test_sync_rows_share_one_model_and_its_warm_up(tmp_path, capsys):

@@ -43,6 +43,7 @@ def test_explicit_model_fields_override_the_preset(tmp_path):
     (["trian.steps=3"], r"trian: unknown key"),
     (["train.steps=many"], r"train\.steps: .*valid integer.*'many'"),
     (["train.steps=0"], r"train\.steps: .*greater than 0"),
+    (["train.gc_every=-1"], r"train\.gc_every: .*greater than or equal to 0"),
     (["optimizer.lr=-1"], r"optimizer\.lr: .*greater than 0"),
     (["model.attention=sagebwd", "model.seq_len=80"], r"seq_len \(80\) must be a multiple of"),
     (["model.smoothing=k"], r"only applies to attention='sagebwd'"),

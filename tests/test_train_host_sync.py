@@ -154,6 +154,32 @@ def test_the_step_loop_reads_the_device_only_at_read_points(monkeypatch, tmp_pat
     assert ("launcher.step_metrics", "tolist") in {(m, how) for _, m, how in events}
 
 
+def test_the_step_loop_collects_garbage_on_its_schedule(monkeypatch, tmp_path):
+    """train.gc_every 4: Python's automatic collector off through the steps, a young collection after steps 4 and
+    8 (none else of generation 1 or 2 once the loop runs), the collector back on after the run."""
+    import gc
+
+    states, collections, real_step = [], [], train_module.train_step
+
+    def step(*args):
+        states.append(gc.isenabled())
+        return real_step(*args)
+
+    def record(phase, info):
+        if phase == "stop" and info["generation"] > 0:
+            collections.append((len(states), info["generation"]))
+
+    monkeypatch.setattr(train_module, "train_step", step)
+    gc.callbacks.append(record)
+    try:
+        result, _, _ = run(tmp_path, gc_every=4)
+    finally:
+        gc.callbacks.remove(record)
+    assert result.diverged_at is None and states == [False] * 10 and gc.isenabled()
+    in_loop = [c for c in collections if c[0] >= 1]
+    assert in_loop == [(4, 1), (8, 1)], collections
+
+
 def test_a_stop_signal_between_read_points_ends_its_own_step(monkeypatch, tmp_path):
     """SIGUSR1 during step 3 (not a read point): the step is read, checkpointed and the run
     stops after it, as when every step was read (the vote costs no device read)."""

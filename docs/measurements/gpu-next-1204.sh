@@ -1,0 +1,26 @@
+# The next GPU session's prepared calls (written in the twenty-eighth session, 2026-11-29). From the repository root:
+#   run(command="bash docs/measurements/gpu-next-1204.sh gc0", carry=[".whl", ".cache"])
+#   run(command="bash docs/measurements/gpu-next-1204.sh gc50", carry=[".whl", ".cache"])
+#     train.gc_every's A/B in the trainer pairs' arguments: four pairs with Python's automatic collection
+#     (train.gc_every=0, the default), then four with the schedule (50, torchtitan's default). Each
+#     row records its collections and their pauses in the timed steps (`gc`). The twenty-eighth session found the
+#     token step's extra time in the trainer to be host-side idle (its device busy only +0.3-0.5 ms a step, its
+#     timed step +1.0-1.2 ms); if the automatic collector's pauses are that idle, gc0's token rows show them and
+#     gc50's pairs move toward the device's ratio (~0.99). Table: `python docs/measurements/gc-table.py
+#     $OUT/trainer-pairs-gc0.json $OUT/trainer-pairs-gc50.json` (each call prints its own).
+set -u
+setup() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD MLFLOW_DISABLE_TELEMETRY=true
+}
+pairs() {   # pairs EVERY
+  timeout 580 python3 -m benchmarks.pairs --pairs 4 --json "$OUT/trainer-pairs-gc$1.json" -- --case \
+    experiments/configs/gpu-124m.yaml@4096x4 --loss chunked --steps 20 --engine deepspeed \
+    --compile reduce-overhead --set train.grad_accum_dtype=fp32 --set train.gc_every=$1 2>&1 | tail -4
+  python3 docs/measurements/gc-table.py "$OUT/trainer-pairs-gc$1.json"
+}
+case "${1:-}" in
+  gc0) setup; pairs 0 ;;
+  gc50) setup; pairs 50 ;;
+  *) echo "usage: bash $0 gc0 | gc50" >&2; exit 2 ;;
+esac

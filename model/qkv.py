@@ -178,9 +178,9 @@ def _check(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) 
                              f"table, got {t.dtype} {tuple(t.shape)}")
 
 
-@torch.library.custom_op(f"{_LIB}::qkv_norm_rope", mutates_args=())
-def _forward_op(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, cos: torch.Tensor,
-                sin: torch.Tensor, heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward_impl(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, cos: torch.Tensor,
+                  sin: torch.Tensor, heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward kernel's launch: q, k, v dense (batch, seq, heads, head_dim). Both autograd paths run it."""
     _check(qkv, heads, cos, sin)
     batch, seq, width = qkv.shape
     hidden = width // 3
@@ -193,17 +193,11 @@ def _forward_op(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torc
     return q, k, v
 
 
-@_forward_op.register_fake
-def _forward_fake(qkv, q_weight, k_weight, cos, sin, heads, eps):
-    batch, seq, width = qkv.shape
-    return tuple(qkv.new_empty((batch, seq, heads, width // 3 // heads)) for _ in range(3))
-
-
-@torch.library.custom_op(f"{_LIB}::qkv_norm_rope_backward", mutates_args=())
-def _backward_op(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, qkv: torch.Tensor,
-                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                 heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dqkv, dq_weight, dk_weight); the weights' gradients are empty without the norm."""
+def _backward_impl(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, qkv: torch.Tensor,
+                   q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                   heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward kernel's launch: (dqkv, dq_weight, dk_weight); the weights' gradients are empty without the
+    norm. Both autograd paths run it."""
     batch, seq, width = qkv.shape
     hidden = width // 3
     head_dim = hidden // heads
@@ -222,6 +216,33 @@ def _backward_op(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, qkv: torc
     return dqkv, dw[0].sum(0).to(q_weight.dtype), dw[1].sum(0).to(k_weight.dtype)
 
 
+def _input_grads(q_weight, dqkv, dq_weight, dk_weight) -> tuple:
+    """The gradients of (qkv, q_weight, k_weight, cos, sin, heads, eps): the weights' only with the norm."""
+    if q_weight is None:
+        return dqkv, None, None, None, None, None, None
+    return dqkv, dq_weight, dk_weight, None, None, None, None
+
+
+@torch.library.custom_op(f"{_LIB}::qkv_norm_rope", mutates_args=())
+def _forward_op(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward_impl(qkv, q_weight, k_weight, cos, sin, heads, eps)
+
+
+@_forward_op.register_fake
+def _forward_fake(qkv, q_weight, k_weight, cos, sin, heads, eps):
+    batch, seq, width = qkv.shape
+    return tuple(qkv.new_empty((batch, seq, heads, width // 3 // heads)) for _ in range(3))
+
+
+@torch.library.custom_op(f"{_LIB}::qkv_norm_rope_backward", mutates_args=())
+def _backward_op(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, qkv: torch.Tensor,
+                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                 heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dqkv, dq_weight, dk_weight); the weights' gradients are empty without the norm."""
+    return _backward_impl(dq, dk, dv, qkv, q_weight, k_weight, cos, sin, heads, eps)
+
+
 @_backward_op.register_fake
 def _backward_fake(dq, dk, dv, qkv, q_weight, k_weight, cos, sin, heads, eps):
     def like(w):
@@ -237,13 +258,28 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dq, dk, dv):
     qkv, q_weight, k_weight, cos, sin = ctx.saved_tensors
-    dqkv, dq_weight, dk_weight = _backward_op(dq, dk, dv, qkv, q_weight, k_weight, cos, sin, ctx.heads, ctx.eps)
-    if q_weight is None:
-        return dqkv, None, None, None, None, None, None
-    return dqkv, dq_weight, dk_weight, None, None, None, None
+    return _input_grads(q_weight, *_backward_op(dq, dk, dv, qkv, q_weight, k_weight, cos, sin, ctx.heads, ctx.eps))
 
 
 torch.library.register_autograd(f"{_LIB}::qkv_norm_rope", _backward, setup_context=_setup_context)
+
+
+class _EagerQkv(torch.autograd.Function):
+    """The eager path of qkv_norm_rope: the custom ops' implementations and autograd formula without their dispatch,
+    which cost ~220 us of host time per fwd+bwd (docs/measurements/qkv-host-eager.py, this workspace's CPU: a median
+    of 357-406 us this way against 578-648 through the op), 12 times a step at gpu-124m's depth. sagebwd's op takes
+    the same path when not compiling (sagebwd/triton/ops.py)."""
+
+    @staticmethod
+    def forward(ctx, qkv, q_weight, k_weight, cos, sin, heads, eps):
+        _setup_context(ctx, (qkv, q_weight, k_weight, cos, sin, heads, eps), None)
+        return _forward_impl(qkv, q_weight, k_weight, cos, sin, heads, eps)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        qkv, q_weight, k_weight, cos, sin = ctx.saved_tensors
+        return _input_grads(q_weight, *_backward_impl(dq, dk, dv, qkv, q_weight, k_weight, cos, sin, ctx.heads,
+                                                      ctx.eps))
 
 
 def runs_kernel(qkv: torch.Tensor) -> bool:
@@ -265,7 +301,9 @@ def qkv_norm_rope(qkv: torch.Tensor, heads: int, q_weight: torch.Tensor | None, 
     if not runs_kernel(qkv):
         raise ValueError(f"qkv_norm_rope runs Triton kernels: qkv must be a CUDA tensor (or TRITON_INTERPRET=1), got "
                          f"one on {qkv.device}; model.qkv_impl=fused runs the plain formula there itself")
-    q, k, v = _forward_op(qkv, q_weight, k_weight, cos, sin, heads, eps)
+    # compiled: the registered op, opaque to torch.compile; eager: the same functions without the op's dispatch
+    apply = _forward_op if torch.compiler.is_compiling() else _EagerQkv.apply
+    q, k, v = apply(qkv, q_weight, k_weight, cos, sin, heads, eps)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 

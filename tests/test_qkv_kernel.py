@@ -149,20 +149,27 @@ def _model_case() -> dict:
 
 
 def _compile_case() -> dict:
-    """fullgraph torch.compile over the op (aot_eager: tracing and the autograd formula, no codegen)."""
+    """fullgraph torch.compile over the op (aot_eager: tracing and the autograd formula, no codegen) against the
+    eager path (a plain autograd.Function over the same functions), with and without the norm: the same bits."""
     from model.layers import RotaryEmbedding
 
     rope = RotaryEmbedding(64, 128, 10000.0)
-    w = [torch.nn.Parameter(torch.ones(64)) for _ in range(2)]
+    w = [torch.nn.Parameter(torch.ones(64) + 0.1 * torch.randn(64)) for _ in range(2)]
+    equal, eager_nodes = [], set()
+    for norm in (True, False):
+        def layer(qkv):
+            q, k, v = qkv_norm_rope(qkv * 1.0, 2, w[0] if norm else None, w[1] if norm else None,
+                                    *rope.tables(64), EPS if norm else 0.0)
+            if not torch.compiler.is_compiling():   # the node under q's transpose: which autograd path ran
+                eager_nodes.add(type(q.grad_fn.next_functions[0][0]).__name__)
+            return (q * k).sum() + v.sum()
 
-    def layer(qkv):
-        q, k, v = qkv_norm_rope(qkv * 1.0, 2, w[0], w[1], *rope.tables(64), EPS)
-        return (q * k).sum() + v.sum()
-
-    qkv = torch.randn(1, 64, 3 * 2 * 64).to(torch.bfloat16).requires_grad_(True)
-    eager = torch.autograd.grad(layer(qkv), (qkv, *w))
-    compiled = torch.autograd.grad(torch.compile(layer, backend="aot_eager", fullgraph=True)(qkv), (qkv, *w))
-    return {"name": "compile", "equal": all(bool(torch.equal(a, b)) for a, b in zip(eager, compiled))}
+        qkv = torch.randn(1, 64, 3 * 2 * 64).to(torch.bfloat16).requires_grad_(True)
+        inputs = (qkv, *w) if norm else (qkv,)
+        eager = torch.autograd.grad(layer(qkv), inputs)
+        compiled = torch.autograd.grad(torch.compile(layer, backend="aot_eager", fullgraph=True)(qkv), inputs)
+        equal.append(all(bool(torch.equal(a, b)) for a, b in zip(eager, compiled)))
+    return {"name": "compile", "equal": all(equal), "eager_nodes": sorted(eager_nodes)}
 
 
 def _opcheck_case() -> dict:
@@ -210,6 +217,12 @@ def test_the_model_trains_the_same_with_either_impl(results):
 
 def test_compiles_fullgraph(results):
     assert results["compile"]["equal"]
+
+
+def test_eager_calls_skip_the_custom_ops_dispatch(results):
+    """Uncompiled, qkv_norm_rope runs a plain autograd.Function over the op's functions, without the op's dispatch
+    (docs/measurements/qkv-host-eager.py), and gives the same bits as the compiled op (test_compiles_fullgraph)."""
+    assert results["compile"]["eager_nodes"] == ["_EagerQkvBackward"], results["compile"]
 
 
 def test_opcheck(results):

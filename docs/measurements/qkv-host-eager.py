@@ -1,6 +1,7 @@
-"""Host time of one fwd+bwd of model/qkv.py's op, eager: through the custom op's dispatch (what qkv_norm_rope
-calls) against a plain torch.autograd.Function calling the same implementations (the path sagebwd/triton/ops.py
-takes for eager calls), with the kernels' launches stubbed so that only host work is timed. No GPU needed.
+"""Host time of one fwd+bwd of model/qkv.py's op, eager: through the custom op's dispatch (what qkv_norm_rope calls
+under torch.compile) against its eager path, a plain torch.autograd.Function calling the same implementations
+(model.qkv._EagerQkv since 2026-11-29, twenty-eighth session; sagebwd/triton/ops.py does the same), with the
+kernels' launches stubbed so that only host work is timed. No GPU needed.
 
     python docs/measurements/qkv-host-eager.py [--rounds 8] [--calls 300]
 
@@ -21,21 +22,6 @@ class _NoLaunch:   # kernel[grid](...) does nothing
         return lambda *args, **kwargs: None
 
 
-class _Function(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, qkv, q_weight, k_weight, cos, sin, heads, eps):
-        ctx.save_for_backward(qkv, q_weight, k_weight, cos, sin)
-        ctx.heads, ctx.eps = heads, eps
-        return mq._forward_op._init_fn(qkv, q_weight, k_weight, cos, sin, heads, eps)
-
-    @staticmethod
-    def backward(ctx, dq, dk, dv):
-        qkv, q_weight, k_weight, cos, sin = ctx.saved_tensors
-        dqkv, dq_weight, dk_weight = mq._backward_op._init_fn(dq, dk, dv, qkv, q_weight, k_weight, cos, sin,
-                                                              ctx.heads, ctx.eps)
-        return dqkv, dq_weight, dk_weight, None, None, None, None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=8)
@@ -52,7 +38,7 @@ def main() -> None:
         torch.autograd.backward(outs, outs)
 
     def function():
-        outs = _Function.apply(qkv, weights[0], weights[1], cos, sin, 2, 1e-6)
+        outs = mq._EagerQkv.apply(qkv, weights[0], weights[1], cos, sin, 2, 1e-6)
         torch.autograd.backward(outs, outs)
 
     paths = {"custom op": op, "autograd.Function": function}

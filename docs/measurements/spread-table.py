@@ -32,3 +32,16 @@ for attention in ("fpa", "sagebwd-token"):
     print("| kernel | ms per step by process | max - min |")
     for spread, name, v in moved:
         print(f"| {name[:70]} | {', '.join(f'{v[i]:.3f}' for i in sorted(v))} | {spread:.3f} |")
+
+# Each process's token / FPA tokens/s (FPA's step over token's), by which attention it timed first: a process's
+# second row runs slower, so the two orders bracket the ratio and their mean (over equal numbers of each) cancels it.
+ratios = {"fpa": [], "sagebwd-token": []}
+for run in runs:
+    steps = {row["attention"]: row["step_ms"] for row in run["rows"]}
+    ratios[run["rows"][0]["attention"]].append(steps["fpa"] / steps["sagebwd-token"])
+every = ratios["fpa"] + ratios["sagebwd-token"]
+for first, values in ratios.items():
+    print(f"{first} first: token / FPA {', '.join(f'{r:.4f}' for r in values)}")
+mean = sum(every) / len(every)
+sd = (sum((r - mean) ** 2 for r in every) / (len(every) - 1)) ** 0.5 if len(every) > 1 else 0.0
+print(f"all {len(every)}: mean {mean:.4f}, sd {sd:.4f}, se {sd / len(every) ** 0.5:.4f}")

@@ -1,11 +1,12 @@
 """Python's garbage collection in the training loop: on a schedule instead of whenever allocations pass a threshold.
 
-A compiled step makes thousands of Python objects (each CUDA graph replay rebuilds its outputs' tensors), so
-CPython's automatic collector runs many young collections a step and, every so often, a full one over every object
-the process holds (the compiled graphs, their caches). Each pause holds the host, and where the host decides the
-step (DeepSpeed's optimizer step waits on the device, then issues its kernels one by one) the device waits through
-it. The field's trainers switch the automatic collector off and collect the young generations every N steps
-(torchtitan's `training.gc_freq`, Megatron-LM's `--manual-gc`); `train.gc_every` does that here.
+CPython's automatic collector runs whenever the count of new container objects passes a threshold, and now and then
+a full collection walks every object the process holds (a compiled model's graphs and caches among them). A pause
+holds the host, and where the host decides the step (DeepSpeed's optimizer step waits on the device, then issues its
+kernels one by one) the device waits through it. The field's trainers switch the automatic collector off and collect
+the young generations every N steps (torchtitan's `training.gc_freq`, Megatron-LM's `--manual-gc`); `train.gc_every`
+does that here, opt-in: on the CPU 20 timed steps of cpu-tiny saw no collection with the manual engine and one of
+generation 0 with DeepSpeed's, and the GPU trainer's A/B is prepared (docs/measurements/gpu-next-1204.sh).
 """
 from __future__ import annotations
 

@@ -5,7 +5,9 @@
 
 Times what the op runs before its forward kernel, in the model's layout (q, k, v views of one (B, N, 3, H, D)
 projection, the trainer's) or contiguous (B, H, N, D) tensors: "two launches" is the mean kernel
-(quantize.sequence_mean) and then the quantise launch given that mean (quantize.quantize_qkv); "lag L" is the
+(quantize.sequence_mean) and then the quantise launch given that mean (quantize.quantize_qkv); "K's mean given" that
+quantise launch alone, as it would run if the caller handed the mean over (model/qkv.py's forward could take it
+where it writes K: docs/kernel-notes.md, "Twenty-eighth session"); "lag L" is the
 one launch that takes the mean itself (quantize._quantize_qkv_with_mean, K's tiles L rounds of work after their
 head's mean; the op's default at d=64 is quantize.MEAN_LAG), the counters' zeroing included in both; "one copy of
 as many bytes" is a device copy that reads and writes as many bytes in all as the pass must (prepass_bytes), the
@@ -71,7 +73,12 @@ def prepass_rows(shape, layout: str, quant: str, lags, iters: int, repeats: int,
 
     def copies():   # a device copy reading and writing as many bytes in all: what the memory alone costs
         dst.copy_(src)
-    variants = [("one copy of as many bytes", copies), ("two launches", two_launches)]
+    k_mean = quantize.sequence_mean(k)
+
+    def mean_given():   # the quantise launch alone, as it would run if the caller handed K's mean over
+        quantize.quantize_qkv(q, k, v, 128, 64, k_mean=k_mean, **options)
+    variants = [("one copy of as many bytes", copies), ("two launches", two_launches),
+                ("K's mean given: the quantise launch alone", mean_given)]
     for lag in lags:
         variants.append((f"lag {lag}", lambda lag=lag: quantize._quantize_qkv_with_mean(q, k, v, 128, 64, lag=lag,
                                                                                          **options)))

@@ -8,6 +8,10 @@
 #     timed step +1.0-1.2 ms); if the automatic collector's pauses are that idle, gc0's token rows show them and
 #     gc50's pairs move toward the device's ratio (~0.99). Table: `python docs/measurements/gc-table.py
 #     $OUT/trainer-pairs-gc0.json $OUT/trainer-pairs-gc50.json` (each call prints its own).
+#   run(command="bash docs/measurements/gpu-next-1204.sh prepass", carry=[".whl", ".cache"])
+#     what K's mean handed over by model/qkv.py's forward could save before building it: `python -m
+#     benchmarks.prepass` with its "K's mean given" row (the quantise launch alone) beside lag 8 (the op's launch)
+#     and the two launches, at the trainer's shape and (8,16,4096,64), token and block
 set -u
 setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -22,5 +26,9 @@ pairs() {   # pairs EVERY
 case "${1:-}" in
   gc0) setup; pairs 0 ;;
   gc50) setup; pairs 50 ;;
-  *) echo "usage: bash $0 gc0 | gc50" >&2; exit 2 ;;
+  prepass)
+    setup
+    timeout 300 python3 -m benchmarks.prepass --shapes 4,12,4096,64 8,16,4096,64 --quant token block --lags 8 \
+      --json "$OUT/prepass-mean-given-next.json" ;;
+  *) echo "usage: bash $0 gc0 | gc50 | prepass" >&2; exit 2 ;;
 esac

@@ -35,28 +35,7 @@ def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "n
     compile_mode: torch.compile's mode for the model ("none": eager). SageBwd stays one opaque
     op in the compiled graph (its torch.library registration); "reduce-overhead" replays the
     step from CUDA graphs, which removes the op's host time (docs/benchmarks.md, "Host time")."""
-    from launcher.data import build_batches
-    from launcher.train import micro_batch_loss
-    from model import Llama
-
-    torch.manual_seed(config.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = Llama(config.model).to(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
-    x, y = (t.to(device) for t in next(iter(build_batches(config)[0])))
-    forward = model
-    if compile_mode != "none":
-        forward = torch.compile(model, backend=compile_backend,
-                                **({} if compile_mode == "default" else {"mode": compile_mode}))
-
-    def step(backward: bool = True):
-        for p in model.parameters():
-            p.grad = None
-        if compile_mode == "reduce-overhead":   # a new step: the graphs' outputs may be overwritten
-            torch.compiler.cudagraph_mark_step_begin()
-        loss = micro_batch_loss(forward, x, y, config.model.loss_impl)
-        if not backward:
-            return loss
-        loss.backward()
+    step, device, tokens = build_step(config, compile_mode, compile_backend)
 
     def sync():
         if device.type == "cuda":
@@ -83,8 +62,38 @@ def profile_step(config: RunConfig, steps: int, top: int, compile_mode: str = "n
 
     rows, timeline = profiled_rows(lambda: [step() for _ in range(steps)], steps, device)
     return {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "step_ms": step_ms,
-            "issue_ms": (median_ms(issue_forward), median_ms(issue_backward)), "tokens": x.numel(),
+            "issue_ms": (median_ms(issue_forward), median_ms(issue_backward)), "tokens": tokens,
             "total_ms": sum(r[0] for r in rows), "rows": rows[:top], "timeline": timeline}
+
+
+def build_step(config: RunConfig, compile_mode: str = "none", compile_backend: str = "inductor"):
+    """(step, device, tokens per step): the config's model (bf16 on CUDA, fp32 on the CPU), compiled in
+    compile_mode ("none": eager), and one micro-batch of its data; step(backward=True) takes one forward and
+    backward with the trainer's loss, or with backward=False returns the loss after the forward."""
+    from launcher.data import build_batches
+    from launcher.train import micro_batch_loss
+    from model import Llama
+
+    torch.manual_seed(config.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = Llama(config.model).to(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    x, y = (t.to(device) for t in next(iter(build_batches(config)[0])))
+    forward = model
+    if compile_mode != "none":
+        forward = torch.compile(model, backend=compile_backend,
+                                **({} if compile_mode == "default" else {"mode": compile_mode}))
+
+    def step(backward: bool = True):
+        for p in model.parameters():
+            p.grad = None
+        if compile_mode == "reduce-overhead":   # a new step: the graphs' outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
+        loss = micro_batch_loss(forward, x, y, config.model.loss_impl)
+        if not backward:
+            return loss
+        loss.backward()
+
+    return step, device, x.numel()
 
 
 def median_ms(seconds: list[float]) -> float:

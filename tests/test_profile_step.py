@@ -94,3 +94,12 @@ def test_device_timeline_splits_the_span_into_busy_overlap_and_idle_gaps():
     assert sum(ms for ms, _, _ in t["gaps"]) == pytest.approx(t["idle_ms"])
     empty = profile_step.device_timeline([], steps=1)
     assert empty["busy_ms"] == 0.0 and empty["gaps"] == []
+
+
+def test_the_replay_host_script_refuses_counts_below_one():
+    """docs/measurements/replay-host.py (the CUDA graph trees' host time) names a bad count before it needs a GPU."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "docs/measurements/replay-host.py", "--attention", "token", "--steps", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--steps 0 --top 18: give positive counts" in proc.stderr, proc.stderr

@@ -13,9 +13,7 @@ import time
 import torch
 
 from launcher.config import load_run_config
-from launcher.train import micro_batch_loss
-from launcher.data import build_batches
-from model import Llama
+from launcher.profile_step import build_step
 
 SETS = {"fpa": ["model.attention=fpa"],
         "token": ["model.attention=sagebwd", "model.smoothing=k", "model.quant=token"]}
@@ -25,22 +23,12 @@ p.add_argument("--attention", choices=sorted(SETS), required=True)
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--top", type=int, default=18)
 args = p.parse_args()
+if args.steps < 1 or args.top < 1:
+    p.error(f"--steps {args.steps} --top {args.top}: give positive counts")
 config = load_run_config("experiments/configs/gpu-124m.yaml", ["train.micro_batch_size=4", *SETS[args.attention]])
-torch.manual_seed(config.seed)
-model = Llama(config.model).to(device="cuda", dtype=torch.bfloat16)
-x, y = (t.cuda() for t in next(iter(build_batches(config)[0])))
-forward = torch.compile(model, mode="reduce-overhead")
-
-
-def half_step():
-    for p_ in model.parameters():
-        p_.grad = None
-    torch.compiler.cudagraph_mark_step_begin()
-    return micro_batch_loss(forward, x, y, config.model.loss_impl)
-
-
+step, _, _ = build_step(config, "reduce-overhead")
 for _ in range(5):
-    half_step().backward()
+    step()
 torch.cuda.synchronize()
 
 from torch._inductor import cudagraph_trees  # noqa: E402
@@ -60,7 +48,7 @@ for _ in range(args.steps):
     torch.cuda.synchronize()
     began = time.perf_counter()
     timings["forward"].enable()
-    loss = half_step()
+    loss = step(backward=False)
     timings["forward"].disable()
     issued = time.perf_counter()
     timings["backward"].enable()

@@ -1,5 +1,5 @@
 # The next GPU session's prepared calls (written in the twenty-eighth session, 2026-11-29). From the repository root:
-#   run(command="bash docs/measurements/gpu-next-1204.sh gc0", carry=[".whl", ".cache"])
+#   run(command="bash docs/measurements/gpu-next-1204.sh gc0", carry=[".whl", ".cache"])   (the qkv GPU tests first)
 #   run(command="bash docs/measurements/gpu-next-1204.sh gc50", carry=[".whl", ".cache"])
 #     train.gc_every's A/B in the trainer pairs' arguments: four pairs with Python's automatic collection
 #     (train.gc_every=0, the default), then four with the schedule (50, torchtitan's default). Each
@@ -18,13 +18,16 @@ setup() {
   export PYTHONPATH=/tmp/site:$PWD MLFLOW_DISABLE_TELEMETRY=true
 }
 pairs() {   # pairs EVERY
-  timeout 580 python3 -m benchmarks.pairs --pairs 4 --json "$OUT/trainer-pairs-gc$1.json" -- --case \
+  timeout 440 python3 -m benchmarks.pairs --pairs 4 --json "$OUT/trainer-pairs-gc$1.json" -- --case \
     experiments/configs/gpu-124m.yaml@4096x4 --loss chunked --steps 20 --engine deepspeed \
     --compile reduce-overhead --set train.grad_accum_dtype=fp32 --set train.gc_every=$1 2>&1 | tail -4
   python3 docs/measurements/gc-table.py "$OUT/trainer-pairs-gc$1.json"
 }
 case "${1:-}" in
-  gc0) setup; pairs 0 ;;
+  gc0) setup
+    # first the qkv op's GPU tests: its eager path (model.qkv._EagerQkv, twenty-eighth session) has not run on a GPU
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_qkv_kernel.py -k gpu 2>&1 | tail -3
+    pairs 0 ;;
   gc50) setup; pairs 50 ;;
   prepass)
     setup
